@@ -1,0 +1,19 @@
+# The two set-up commands of the README. Both create .venv on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# CPU wheel of torch lies on local disk here; pinning it first keeps pip from pulling a CUDA build.
+TORCH_PIN := torch==2.13.0
+
+$(BIN)/oma-installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev,verl]" "$(TORCH_PIN)"
+	touch $@
+
+.PHONY: install test
+install: $(BIN)/oma-installed
+
+test: install
+	$(BIN)/python -m pytest -q
