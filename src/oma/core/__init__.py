@@ -1,0 +1,47 @@
+"""oma.core: the pure math of Outcome-Mass Alignment (DESIGN §3–§4).
+
+Pure functions over torch tensors plus integer id arrays; no config, logging or state.
+"""
+
+from oma.core.advantages import (
+    ACCOUNTINGS,
+    ESTIMATORS,
+    Accounting,
+    Estimator,
+    GroupOutcomeStats,
+    discounted_returns,
+    gigpo_advantages,
+    group_outcome_stats,
+    outcome_advantages,
+)
+from oma.core.anchors import anchor_ids
+from oma.core.batching import micro_batches, trajectory_minibatches
+from oma.core.objectives import OBJECTIVES, Objective, kl_k3, token_entropy, token_objective
+from oma.core.weights import MASSES, REDUCERS, Mass, Reducer, implicit_mass, token_weights, weighted_loss
+
+__all__ = [
+    "ACCOUNTINGS",
+    "ESTIMATORS",
+    "MASSES",
+    "OBJECTIVES",
+    "REDUCERS",
+    "Accounting",
+    "Estimator",
+    "GroupOutcomeStats",
+    "Mass",
+    "Objective",
+    "Reducer",
+    "anchor_ids",
+    "discounted_returns",
+    "gigpo_advantages",
+    "group_outcome_stats",
+    "implicit_mass",
+    "kl_k3",
+    "micro_batches",
+    "outcome_advantages",
+    "token_entropy",
+    "token_objective",
+    "token_weights",
+    "trajectory_minibatches",
+    "weighted_loss",
+]

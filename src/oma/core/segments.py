@@ -1,0 +1,136 @@
+"""Segment (grouped) reductions over id arrays: the vectorised building blocks of oma.core.
+
+A *segment* is the set of elements sharing an id. Everything here is a sort (``torch.unique``)
+plus scatter/index_add, so cost is O(N log N) with no Python loop over rows, trajectories or
+groups, on any device. Sums accumulate in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from oma.core._validate import check_index, check_same_device
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The segments of an id array.
+
+    Attributes:
+        ids: the distinct ids, sorted ascending, shape [S].
+        inverse: segment number (0..S-1) of each element, shape [N].
+        counts: elements per segment, int64 [S].
+    """
+
+    ids: Tensor
+    inverse: Tensor
+    counts: Tensor
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def segments(ids: Tensor) -> Segments:
+    """Distinct ids (sorted), each element's segment and each segment's size."""
+    uniq, inverse, counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
+    return Segments(uniq, inverse, counts)
+
+
+def segment_sum(values: Tensor, inverse: Tensor, n: int) -> Tensor:
+    """Σ of ``values`` per segment, float64 [n] (long sums accumulate in float64)."""
+    out = torch.zeros(n, dtype=torch.float64, device=values.device)
+    return out.index_add_(0, inverse, values.to(torch.float64))
+
+
+def _segment_extreme(values: Tensor, inverse: Tensor, n: int, reduce: str) -> Tensor:
+    out = torch.zeros(n, dtype=values.dtype, device=values.device)
+    return out.scatter_reduce_(0, inverse, values, reduce=reduce, include_self=False)
+
+
+@dataclass(frozen=True)
+class SegmentStats:
+    """Mean and unbiased std per segment, in float64.
+
+    Attributes:
+        mean: Σv / n, [S].
+        std: sqrt(Σ(v − mean)² / (n − 1)) (Bessel, as ``torch.std``); 0 where n < 2, [S].
+        count: members per segment, int64 [S].
+        zero_spread: True where all members are exactly equal (max == min), [S]. Computed from
+            the values, not from ``std``, so that rounding in the mean can never turn equal
+            values into a tiny non-zero spread.
+    """
+
+    mean: Tensor
+    std: Tensor
+    count: Tensor
+    zero_spread: Tensor
+
+
+def segment_mean_std(values: Tensor, inverse: Tensor, counts: Tensor) -> SegmentStats:
+    """Two-pass mean and unbiased std of ``values`` per segment (float64)."""
+    n = int(counts.shape[0])
+    v = values.to(torch.float64)
+    cnt = counts.to(torch.float64)
+    mean = segment_sum(v, inverse, n) / cnt.clamp_min(1.0)
+    dev = v - mean[inverse]
+    var = segment_sum(dev * dev, inverse, n) / (cnt - 1.0).clamp_min(1.0)
+    std = torch.where(counts >= 2, var.sqrt(), torch.zeros_like(var))
+    zero_spread = _segment_extreme(v, inverse, n, "amax") == _segment_extreme(v, inverse, n, "amin")
+    return SegmentStats(mean=mean, std=std, count=counts, zero_spread=zero_spread)
+
+
+@dataclass(frozen=True)
+class BatchStructure:
+    """How the rows of a batch nest into trajectories and groups.
+
+    Attributes:
+        traj: segments of ``traj_index`` over rows (T trajectories, in ``torch.unique`` order).
+        group_ids: the distinct group ids, sorted, [G].
+        traj_group: group segment (0..G-1) of each trajectory, [T].
+        row_group: group segment (0..G-1) of each row, [R].
+    """
+
+    traj: Segments
+    group_ids: Tensor
+    traj_group: Tensor
+    row_group: Tensor
+
+    @property
+    def n_traj(self) -> int:
+        return self.traj.n
+
+    @property
+    def n_groups(self) -> int:
+        return int(self.group_ids.shape[0])
+
+    def trajectories_per_group(self) -> Tensor:
+        """|𝒯_g| per group, int64 [G]."""
+        return torch.bincount(self.traj_group, minlength=self.n_groups)
+
+
+def batch_structure(group_index: Tensor, traj_index: Tensor) -> BatchStructure:
+    """Validate ``group_index``/``traj_index`` and map rows → trajectories → groups.
+
+    Ids need not be contiguous or sorted. A trajectory whose rows carry two different group ids
+    is a ``ValueError`` naming the trajectory and both groups.
+    """
+    group_index = check_index("group_index", group_index)
+    traj_index = check_index("traj_index", traj_index, group_index.shape[0])
+    check_same_device(group_index=group_index, traj_index=traj_index)
+    traj = segments(traj_index)
+    g = group_index.to(torch.int64)
+    g_min = _segment_extreme(g, traj.inverse, traj.n, "amin")
+    g_max = _segment_extreme(g, traj.inverse, traj.n, "amax")
+    split = g_min != g_max
+    if bool(split.any()):
+        k = int(split.nonzero()[0, 0])
+        raise ValueError(
+            f"traj_index {int(traj.ids[k])} spans groups {int(g_min[k])} and {int(g_max[k])} in group_index; "
+            f"every trajectory must lie in exactly one group ({int(split.sum())} trajectories violate this)"
+        )
+    group_ids, traj_group = torch.unique(g_min, sorted=True, return_inverse=True)
+    return BatchStructure(traj=traj, group_ids=group_ids, traj_group=traj_group, row_group=traj_group[traj.inverse])

@@ -1,0 +1,152 @@
+"""The text-environment protocol and the episode bookkeeping shared by the built-in environments.
+
+The protocol is what the trainer (DESIGN §7) relies on; anything with these four methods, an
+adapter to a real ALFWorld or WebShop server included, can be trained on. :class:`EpisodeEnv`
+implements the parts every built-in environment must get identically right (step cap, invalid
+actions as no-ops, errors after the end, the ``info`` keys), so that each environment only
+describes its world: how to generate it, which actions are admissible, what they do, what the
+expert would do and how to name the state.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+Info = dict[str, Any]
+"""``info`` of ``reset``/``step``: always ``admissible_actions`` (list[str]), ``won`` (bool) and
+``task`` (str, the goal text); after ``step`` also ``valid`` (bool: the action was admissible)."""
+
+StepResult = tuple[str, float, bool, bool, Info]
+"""``(observation, reward, terminated, truncated, info)``, as in Gymnasium."""
+
+
+@runtime_checkable
+class TextEnv(Protocol):
+    """A multi-turn text environment, as the trainer and :func:`oma.envs.coupling` use it.
+
+    * ``reset(seed)`` starts the task instance ``seed``; the same seed gives the same task, and
+      the same actions after it give the same observations (rollouts of a group share a seed).
+    * ``step(action)`` applies one action. An action not in ``info["admissible_actions"]`` is a
+      no-op that still uses a step, with reward 0 and ``info["valid"] = False`` (the trainer adds
+      its own penalty). ``terminated`` means the task ended (won, or lost for good);
+      ``truncated`` means the step cap was reached. Stepping after either raises ``RuntimeError``.
+    * ``expert_action()`` is a scripted expert's next action from the *current* state, so it also
+      recovers after other actions were taken (that is how noisy experts are built).
+    * ``anchor()`` names the current state: equal states give equal strings in any process, for
+      GiGPO's step-level groups (``oma.core.anchor_ids`` hashes them).
+    """
+
+    def reset(self, seed: int) -> tuple[str, Info]: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def expert_action(self) -> str: ...
+
+    def anchor(self) -> str: ...
+
+
+Effect = Callable[[], str]
+"""What an admissible action does: changes the state and returns the observation."""
+
+
+class EpisodeEnv(ABC):
+    """Episode bookkeeping for the built-in environments.
+
+    Subclasses generate a world in :meth:`_generate`, list the admissible actions of the current
+    state with their effects in :meth:`_admissible`, and end an episode from inside an effect
+    with :meth:`_finish`. Admissible actions are computed once per state change, so a policy
+    that reads ``info["admissible_actions"]`` costs no extra work.
+    """
+
+    name: ClassVar[str]
+    invalid_observation: ClassVar[str] = "Nothing happens."
+
+    def __init__(self, max_steps: int, options_key: str) -> None:
+        self.max_steps = max_steps
+        self._options_key = options_key
+        self._seed: int | None = None
+        self._steps = 0
+        self._over = True
+        self._won = False
+        self._reward = 0.0
+        self._terminated = False
+        self._task = ""
+        self._actions: dict[str, Effect] = {}
+
+    # --- the protocol -----------------------------------------------------------------------
+
+    def reset(self, seed: int) -> tuple[str, Info]:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"{self.name}: seed must be an int; got {seed!r}")
+        self._seed, self._steps, self._over = seed, 0, False
+        self._won, self._reward, self._terminated = False, 0.0, False
+        self._task, observation = self._generate(random.Random(seed))
+        self._actions = self._admissible()
+        return observation, self._info()
+
+    def step(self, action: str) -> StepResult:
+        self._require_live()
+        self._steps += 1
+        effect = self._actions.get(action)
+        if effect is None:
+            observation = self._invalid_observation()
+        else:
+            observation = effect()
+            self._actions = {} if self._terminated else self._admissible()
+        truncated = not self._terminated and self._steps >= self.max_steps
+        if self._terminated or truncated:
+            self._over, self._actions = True, {}
+        reward, self._reward = self._reward, 0.0
+        info = self._info()
+        info["valid"] = effect is not None
+        return observation, reward, self._terminated, truncated, info
+
+    def expert_action(self) -> str:
+        self._require_live()
+        return self._expert()
+
+    def anchor(self) -> str:
+        if self._seed is None:
+            raise RuntimeError(f"{self.name}: call reset(seed) before anchor()")
+        return f"{self.name}[{self._options_key}]#{self._seed}|{self._state_key()}"
+
+    # --- for subclasses ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _generate(self, rng: random.Random) -> tuple[str, str]:
+        """Build the task instance from ``rng``; return ``(task text, first observation)``."""
+
+    @abstractmethod
+    def _admissible(self) -> dict[str, Effect]:
+        """The admissible actions of the current state, in a stable order, with their effects."""
+
+    @abstractmethod
+    def _expert(self) -> str:
+        """The scripted expert's action in the current (live) state."""
+
+    @abstractmethod
+    def _state_key(self) -> str:
+        """Everything that defines the current state, as a canonical string."""
+
+    def _invalid_observation(self) -> str:
+        return self.invalid_observation
+
+    def _finish(self, reward: float, won: bool) -> None:
+        """End the episode from inside an effect (the step returns ``terminated=True``)."""
+        self._terminated, self._reward, self._won = True, reward, won
+
+    def _info(self) -> Info:
+        return {"admissible_actions": list(self._actions), "won": self._won, "task": self._task}
+
+    def _require_live(self) -> None:
+        if self._seed is None:
+            raise RuntimeError(f"{self.name}: call reset(seed) before step() or expert_action()")
+        if self._over:
+            how = "terminated" if self._terminated else f"truncated at the {self.max_steps}-step cap"
+            raise RuntimeError(
+                f"{self.name}: the episode of seed {self._seed} is over ({how}); "
+                "call reset(seed) to start another"
+            )
