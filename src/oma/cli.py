@@ -1,0 +1,28 @@
+"""`oma`: the command-line tool. Each subcommand lives in its own module, imported on use."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with `main(argv) -> int`, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: oma <command> [args...]\n\ncommands:")
+        for name, (_, help_text) in COMMANDS.items():
+            print(f"  {name:<10} {help_text}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"oma: unknown command {name!r}; expected one of {sorted(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
