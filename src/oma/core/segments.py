@@ -123,14 +123,16 @@ def batch_structure(group_index: Tensor, traj_index: Tensor) -> BatchStructure:
     check_same_device(group_index=group_index, traj_index=traj_index)
     traj = segments(traj_index)
     g = group_index.to(torch.int64)
-    g_min = _segment_extreme(g, traj.inverse, traj.n, "amin")
-    g_max = _segment_extreme(g, traj.inverse, traj.n, "amax")
-    split = g_min != g_max
+    # Any row's group stands for its trajectory; a row that disagrees exposes a split trajectory.
+    g_traj = torch.empty(traj.n, dtype=torch.int64, device=g.device).scatter_(0, traj.inverse, g)
+    split = g != g_traj[traj.inverse]
     if bool(split.any()):
-        k = int(split.nonzero()[0, 0])
+        r = int(split.nonzero()[0, 0])
+        n_bad = int(torch.unique(traj.inverse[split]).numel())
+        pair = sorted((int(g_traj[traj.inverse[r]]), int(g[r])))
         raise ValueError(
-            f"traj_index {int(traj.ids[k])} spans groups {int(g_min[k])} and {int(g_max[k])} in group_index; "
-            f"every trajectory must lie in exactly one group ({int(split.sum())} trajectories violate this)"
+            f"traj_index {int(traj_index[r])} spans groups {pair[0]} and {pair[1]} in "
+            f"group_index; every trajectory must lie in exactly one group ({n_bad} trajectories violate this)"
         )
-    group_ids, traj_group = torch.unique(g_min, sorted=True, return_inverse=True)
+    group_ids, traj_group = torch.unique(g_traj, sorted=True, return_inverse=True)
     return BatchStructure(traj=traj, group_ids=group_ids, traj_group=traj_group, row_group=traj_group[traj.inverse])
