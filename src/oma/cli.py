@@ -6,7 +6,10 @@ import importlib
 import sys
 
 # subcommand -> (module with `main(argv) -> int`, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("oma.train.cli", "train an agent with stepwise RL (GRPO/RLOO/GiGPO, PPO/GSPO) and OMA switches"),
+    "audit": ("oma.diagnostics.cli", "audit the implicit trajectory weighting of a rollout batch (file or run dir)"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,153 @@
+"""The policy: any Hugging Face causal LM plus its tokenizer, sampling with a KV cache, log-probs.
+
+No hub access is needed or attempted: the default policy is a tiny Qwen2 built from a config with a
+byte-level BPE tokenizer trained locally on environment text; a user model is loaded from a local
+directory (``local_files_only``). The tokenizer is saved in its own folder, without a model
+``config.json``, and loaded as ``PreTrainedTokenizerFast`` so transformers never substitutes
+another tokenizer class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``texts`` (round-trips any text exactly)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD, EOS, UNK], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+
+
+def tiny_model(vocab_size: int, *, hidden: int, layers: int, heads: int, max_positions: int, seed: int):
+    """A small Qwen2 causal LM built from a config (no download), deterministic in ``seed``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), max_position_embeddings=max_positions,
+        tie_word_embeddings=True, attention_dropout=0.0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(config)
+
+
+def load_model(path: str | Path):
+    """A causal LM from a local Hugging Face directory; a clear error when it is not one."""
+    from transformers import AutoModelForCausalLM
+
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"policy.model: {str(path)!r} is not a directory (expected a local Hugging Face model folder)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"policy.model: {str(path)!r} has no config.json; expected a Hugging Face model folder")
+    return AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True)
+
+
+@dataclass
+class Generation:
+    """Sampled responses: token ids (ending with EOS when the model stopped) and decoded text."""
+
+    response_ids: list[list[int]]
+    texts: list[str]
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """(ids, attention_mask) of left-padded sequences, so every sequence ends at the last column."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
+             generator: torch.Generator | None) -> Generation:
+    """Sample a response for every prompt in one batch, with a KV cache; greedy when temperature is 0.
+
+    Sampling draws from ``generator`` only, so a rollout is reproducible from its seed (and a
+    resumed run samples what an uninterrupted one would).
+    """
+    eos = tokenizer.eos_token_id
+    ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    batch = ids.shape[0]
+    responses: list[list[int]] = [[] for _ in range(batch)]
+    done = torch.zeros(batch, dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        logits = out.logits[:, -1].float()
+        if temperature > 0:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:
+            nxt = logits.argmax(-1)
+        for i in (~done).nonzero().squeeze(-1).tolist():
+            responses[i].append(int(nxt[i]))
+        done |= nxt == eos
+        if bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
+        positions = mask.sum(-1, keepdim=True) - 1
+        out = model(input_ids=nxt.unsqueeze(-1), attention_mask=mask, position_ids=positions,
+                    past_key_values=out.past_key_values, use_cache=True)
+    texts = [tokenizer.decode([t for t in r if t != eos]) for r in responses]
+    return Generation(responses, texts)
+
+
+def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                      pad_id: int, *, with_entropy: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    """log π(response token | prompt, earlier response tokens) for a batch of rows.
+
+    Each row is prompt + response, left-padded so all responses end at the last column; only the
+    last positions are projected to the vocabulary (``logits_to_keep``). Returns ``(logp [R, L],
+    response_mask [R, L], entropy [R, L] or None)`` with L the longest response, each response in
+    columns 0..len-1 and ``response_mask`` True exactly there; ``entropy`` is that of the
+    distribution each response token was drawn from (:func:`oma.core.token_entropy`).
+    """
+    from oma.core import token_entropy
+
+    width = max(len(r) for r in response_ids)
+    ids, mask = left_pad([list(p) + list(r) for p, r in zip(prompt_ids, response_ids)], pad_id)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    # The last `width` + 1 positions are all that can predict response tokens.
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1).logits
+    logits = logits[:, :-1].float()  # position j predicts ids[:, -width + j]
+    lengths = torch.tensor([len(r) for r in response_ids])
+    col = torch.arange(width).unsqueeze(0)
+    response_mask = col < lengths.unsqueeze(-1)
+    # Response token t of row r sits at tail column width - len_r + t: move it to column t.
+    src = ((width - lengths).unsqueeze(-1) + col).clamp_max(width - 1)
+    logits = logits.gather(1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    targets = ids[:, -width:].gather(1, src)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp = torch.where(response_mask, logp, torch.zeros((), dtype=logp.dtype))
+    entropy = token_entropy(logits, response_mask) if with_entropy else None
+    return logp, response_mask, entropy

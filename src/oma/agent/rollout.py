@@ -1,0 +1,179 @@
+"""Stepwise rollout: G task seeds × n episodes, batched generation across active episodes, one row
+per agent step (DESIGN §7).
+
+Finished episodes stop producing rows. Each row records the ids DESIGN §2 asks for
+(``group_index``, ``traj_index``, ``step_index``, ``anchor``) so that advantages and weights come
+from :mod:`oma.core` alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from oma.agent.policy import generate
+from oma.agent.prompt import project_action, step_prompt
+from oma.core import anchor_ids
+
+
+@dataclass
+class Rows:
+    """One row per agent step of a rollout batch.
+
+    ``scores`` is the episode outcome stamped on each row minus that row's invalid-action penalty;
+    ``step_rewards`` is the step's own reward minus the same penalty (GiGPO's step term).
+    """
+
+    prompt_ids: list[list[int]] = field(default_factory=list)
+    response_ids: list[list[int]] = field(default_factory=list)
+    group_index: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    traj_index: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    step_index: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    anchor: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    scores: Tensor = field(default_factory=lambda: torch.zeros(0))
+    step_rewards: Tensor = field(default_factory=lambda: torch.zeros(0))
+    valid: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    won: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass
+class Episode:
+    """What one trajectory did: its group (task seed), length, outcome and a short transcript."""
+
+    seed: int
+    group: int
+    steps: int = 0
+    invalid: int = 0
+    outcome: float = 0.0
+    won: bool = False
+    transcript: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Rollout:
+    rows: Rows
+    episodes: list[Episode]
+    generated_tokens: int
+
+    @property
+    def success_rate(self) -> float:
+        return sum(e.won for e in self.episodes) / max(1, len(self.episodes))
+
+
+@dataclass
+class _Live:
+    env: object
+    episode: Episode
+    obs: str
+    info: dict
+    history: list[tuple[str, str]]
+    rewards: list[float]
+    row_ids: list[int]
+
+
+def rollout(
+    make_env: Callable[[], object],
+    model,
+    tokenizer,
+    task_seeds: Sequence[int],
+    *,
+    group_size: int,
+    history_length: int,
+    max_prompt_tokens: int,
+    max_new_tokens: int,
+    temperature: float,
+    invalid_penalty: float,
+    generator: torch.Generator | None,
+    traj_offset: int = 0,
+) -> Rollout:
+    """Roll out ``group_size`` episodes of every task seed with the policy, stepping all in lockstep.
+
+    Group g is task seed ``task_seeds[g]``; trajectory ids are ``traj_offset + g*group_size + i``.
+    """
+    live: list[_Live] = []
+    episodes: list[Episode] = []
+    for g, seed in enumerate(task_seeds):
+        for _ in range(group_size):
+            env = make_env()
+            obs, info = env.reset(int(seed))
+            ep = Episode(seed=int(seed), group=g)
+            episodes.append(ep)
+            live.append(_Live(env, ep, obs, info, [], [], []))
+    rows: dict[str, list] = {k: [] for k in ("prompt", "response", "group", "traj", "step", "anchor", "reward", "valid")}
+    generated = 0
+    active = list(range(len(live)))
+    was_training = model.training
+    model.eval()
+    try:
+        while active:
+            prompt_ids = [_encode_prompt(tokenizer, live[i], history_length, max_prompt_tokens) for i in active]
+            gen = generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                           generator=generator)
+            still = []
+            for slot, i in enumerate(active):
+                lv = live[i]
+                action = project_action(gen.texts[slot], lv.info["admissible_actions"])
+                anchor = lv.env.anchor()
+                obs, reward, terminated, truncated, info = lv.env.step(action if action is not None else gen.texts[slot])
+                penalty = 0.0 if action is not None else invalid_penalty
+                lv.row_ids.append(len(rows["prompt"]))
+                rows["prompt"].append(prompt_ids[slot])
+                rows["response"].append(gen.response_ids[slot])
+                rows["group"].append(lv.episode.group)
+                rows["traj"].append(traj_offset + i)
+                rows["step"].append(lv.episode.steps)
+                rows["anchor"].append(anchor)
+                rows["reward"].append(float(reward) - penalty)
+                rows["valid"].append(action is not None)
+                generated += len(gen.response_ids[slot])
+                lv.rewards.append(float(reward))
+                lv.episode.steps += 1
+                lv.episode.invalid += action is None
+                lv.episode.transcript.append((lv.obs, gen.texts[slot]))
+                lv.history.append((lv.obs, action if action is not None else gen.texts[slot]))
+                lv.obs, lv.info = obs, info
+                if terminated or truncated:
+                    lv.episode.won = bool(info["won"])
+                    lv.episode.outcome = sum(lv.rewards)
+                else:
+                    still.append(i)
+            active = still
+    finally:
+        model.train(was_training)
+    n = len(rows["prompt"])
+    outcome = torch.zeros(n)
+    won = torch.zeros(n, dtype=torch.bool)
+    for lv in live:
+        outcome[lv.row_ids] = lv.episode.outcome
+        won[lv.row_ids] = lv.episode.won
+    valid = torch.tensor(rows["valid"], dtype=torch.bool)
+    out = Rows(
+        prompt_ids=rows["prompt"],
+        response_ids=rows["response"],
+        group_index=torch.tensor(rows["group"], dtype=torch.long),
+        traj_index=torch.tensor(rows["traj"], dtype=torch.long),
+        step_index=torch.tensor(rows["step"], dtype=torch.long),
+        anchor=anchor_ids(rows["anchor"]) if n else torch.zeros(0, dtype=torch.long),
+        scores=outcome - invalid_penalty * (~valid).float(),
+        step_rewards=torch.tensor(rows["reward"]),
+        valid=valid,
+        won=won,
+    )
+    return Rollout(out, episodes, generated)
+
+
+def _encode_prompt(tokenizer, lv: _Live, history_length: int, max_tokens: int) -> list[int]:
+    """The step prompt's token ids within ``max_tokens``: drop the oldest history pairs first, and
+    only if the prompt is still too long cut it from the front (the end holds what the model acts on)."""
+    for h in range(min(history_length, len(lv.history)), -1, -1):
+        text = step_prompt(lv.info["task"], lv.history, lv.obs, lv.info["admissible_actions"], h)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_tokens:
+            return ids
+    return ids[-max_tokens:]

@@ -1,0 +1,245 @@
+"""Typed configuration of `oma train`: dataclasses, YAML presets and dotted overrides.
+
+A preset is a YAML file whose keys are a subset of :class:`TrainConfig`; ``key=value`` overrides
+on the command line are merged on top (``algo.mass=native``). Unknown keys are rejected with the
+list of valid ones; option strings are checked once, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oma.core import ACCOUNTINGS, MASSES, OBJECTIVES, REDUCERS
+
+ESTIMATORS = ("grpo", "rloo", "gigpo")
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with the offending key in the message."""
+
+
+@dataclass
+class EnvConfig:
+    name: str = "household"
+    """Built-in environment, one of ``oma.envs.names()``."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Keyword options for ``oma.envs.make`` (e.g. ``max_steps``); see docs/envs.md."""
+    tasks_per_iter: int = 4
+    """G: task instances (seeds) rolled out per iteration; each is one group."""
+    group_size: int = 8
+    """n: episodes per task instance (same seed), the group-relative baseline's sample."""
+    history_length: int = 2
+    """(observation, action) pairs of recent history in each step prompt."""
+    invalid_penalty: float = 0.1
+    """Subtracted from a row's score and step reward when the model's text is not an admissible action."""
+    eval_tasks: int = 32
+    """Held-out task seeds for greedy evaluation (fixed for the whole run)."""
+    eval_seed_offset: int = 1_000_000
+    """Held-out seeds are ``eval_seed_offset + k``; training seeds stay below it."""
+
+
+@dataclass
+class PolicyConfig:
+    model: str = "tiny"
+    """``tiny`` (a small Qwen2 built from this config, tokenizer trained on env text) or a local HF model folder."""
+    hidden: int = 128
+    """tiny: hidden size."""
+    layers: int = 2
+    """tiny: transformer layers."""
+    heads: int = 4
+    """tiny: attention heads."""
+    vocab_size: int = 1024
+    """tiny: BPE vocabulary trained on environment text."""
+    max_prompt_tokens: int = 320
+    """Step prompts longer than this drop their oldest history first."""
+    max_new_tokens: int = 16
+    """Longest action the model may write (tokens, EOS included)."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (evaluation is greedy)."""
+    lora_r: int = 0
+    """LoRA rank via peft (0 = full fine-tuning)."""
+    lora_alpha: int = 16
+    """LoRA alpha."""
+
+
+@dataclass
+class WarmStartConfig:
+    enabled: bool = True
+    """Supervised fine-tuning on noisy expert demonstrations before RL."""
+    episodes: int = 160
+    """Demonstration episodes (their seeds are disjoint from training and evaluation seeds)."""
+    noise: float = 0.3
+    """ε: the demonstrator takes a uniformly random admissible action with probability ε."""
+    epochs: int = 2
+    """Passes over the demonstration rows."""
+    lr: float = 3e-3
+    """AdamW learning rate of the warm start."""
+    batch_rows: int = 64
+    """Rows per SFT step."""
+    cache_dir: str = "~/.cache/oma"
+    """Warm-started policies are cached here by config hash, so reruns skip the warm start."""
+
+
+@dataclass
+class AlgoConfig:
+    estimator: str = "grpo"
+    """``grpo`` | ``rloo`` | ``gigpo`` (see docs/math.md)."""
+    accounting: str = "trajectory"
+    """``row`` (verl-agent's stepwise baseline) | ``trajectory`` (Outcome Alignment)."""
+    objective: str = "ppo"
+    """``ppo`` (clip-higher) | ``gspo`` (GSPO-token)."""
+    reducer: str = "token-mean"
+    """Native loss aggregation (verl's ``loss_agg_mode`` names)."""
+    mass: str = "uniform"
+    """``native`` | ``uniform`` | ``group``: Mass Alignment target."""
+    norm_by_std: bool = True
+    """Divide group-relative advantages by the group std (False: Dr. GRPO)."""
+    gamma: float = 0.95
+    """GiGPO: discount of step returns."""
+    step_advantage_w: float = 1.0
+    """GiGPO: ω, weight of the step-level advantage."""
+    clip_low: float = 0.2
+    """ε_low of the ratio clip."""
+    clip_high: float = 0.28
+    """ε_high of the ratio clip."""
+    kl_coef: float = 0.0
+    """β of the k3 KL penalty to the warm-start policy (0 = none, no reference model kept)."""
+    entropy_coef: float = 0.0
+    """Coefficient of the entropy bonus."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """AdamW learning rate of RL."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    num_minibatches: int = 1
+    """Optimizer steps per epoch; mini-batches hold whole trajectories."""
+    micro_batch_rows: int = 64
+    """Rows per forward/backward; gradients accumulate exactly (weights are per mini-batch)."""
+
+
+@dataclass
+class TrainConfig:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The environment and how tasks are sampled."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """The language-model policy."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Supervised warm start."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Advantage estimator, OMA switches, objective."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizer and batching."""
+    iterations: int = 20
+    """RL iterations (rollout + update)."""
+    seed: int = 0
+    """Seeds model init, task sampling and rollouts; a run is reproducible from it."""
+    eval_every: int = 5
+    """Greedy evaluation on the held-out tasks every this many iterations (and at 0 and the end)."""
+    checkpoint_every: int = 5
+    """Write a resumable checkpoint every this many iterations (and at the end)."""
+    out_dir: str = "runs/household-grpo-oma"
+    """Run directory (an existing one gets a numbered sibling unless resuming)."""
+    dump_batches: bool = False
+    """Write each iteration's batch as Parquet under out_dir/batches for `oma audit`."""
+    samples_per_iter: int = 2
+    """Episodes per iteration written to samples.jsonl."""
+    threads: int = 2
+    """torch CPU threads."""
+    tensorboard: bool = True
+    """Also write TensorBoard scalars (when the tensorboard package is installed)."""
+
+
+def _check(key: str, value: object, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; expected one of {list(valid)}")
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check option strings and ranges once; return ``cfg``."""
+    from oma.envs import names
+
+    _check("env.name", cfg.env.name, tuple(names()))
+    _check("algo.estimator", cfg.algo.estimator, ESTIMATORS)
+    _check("algo.accounting", cfg.algo.accounting, ACCOUNTINGS)
+    _check("algo.objective", cfg.algo.objective, OBJECTIVES)
+    _check("algo.reducer", cfg.algo.reducer, REDUCERS)
+    _check("algo.mass", cfg.algo.mass, MASSES)
+    positive = {
+        "env.tasks_per_iter": cfg.env.tasks_per_iter, "env.group_size": cfg.env.group_size,
+        "env.eval_tasks": cfg.env.eval_tasks, "policy.max_prompt_tokens": cfg.policy.max_prompt_tokens,
+        "policy.max_new_tokens": cfg.policy.max_new_tokens, "optim.ppo_epochs": cfg.optim.ppo_epochs,
+        "optim.num_minibatches": cfg.optim.num_minibatches, "optim.micro_batch_rows": cfg.optim.micro_batch_rows,
+        "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "threads": cfg.threads,
+        "optim.lr": cfg.optim.lr, "warm_start.batch_rows": cfg.warm_start.batch_rows,
+    }
+    for key, value in positive.items():
+        if not value > 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    for key, value in {"iterations": cfg.iterations, "env.history_length": cfg.env.history_length,
+                       "warm_start.episodes": cfg.warm_start.episodes, "warm_start.epochs": cfg.warm_start.epochs,
+                       "algo.kl_coef": cfg.algo.kl_coef, "env.invalid_penalty": cfg.env.invalid_penalty}.items():
+        if value < 0:
+            raise ConfigError(f"{key} must be >= 0, got {value}")
+    if not 0.0 <= cfg.warm_start.noise <= 1.0:
+        raise ConfigError(f"warm_start.noise must be in [0, 1], got {cfg.warm_start.noise}")
+    if cfg.optim.num_minibatches > cfg.env.tasks_per_iter * cfg.env.group_size:
+        raise ConfigError(
+            f"optim.num_minibatches={cfg.optim.num_minibatches} exceeds the trajectories per iteration "
+            f"({cfg.env.tasks_per_iter * cfg.env.group_size}); mini-batches hold whole trajectories"
+        )
+    return cfg
+
+
+def _valid_keys(node: type, prefix: str = "") -> list[str]:
+    hints = typing.get_type_hints(node)
+    keys = []
+    for f in dataclasses.fields(node):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            keys += _valid_keys(kind, f"{prefix}{f.name}.")
+        else:
+            keys.append(f"{prefix}{f.name}")
+    return keys
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Defaults ← YAML preset ``path`` ← dotted ``overrides``; validated."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+    schema = OmegaConf.structured(TrainConfig)
+    layers = [schema]
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        layers.append(OmegaConf.load(p))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.mass=native)")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        cfg = OmegaConf.to_object(merged)
+    except ConfigKeyError as e:
+        key = getattr(e, "full_key", None) or str(e).splitlines()[0]
+        raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(_valid_keys(TrainConfig))}") from None
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "?")
+        raise ConfigError(f"bad value for config key {key!r}: {str(e).splitlines()[0]}") from None
+    return validate(cfg)
+
+
+def to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,383 @@
+"""The stepwise multi-turn RL loop (DESIGN §7), top to bottom in one file.
+
+Per iteration: roll out G task seeds × n episodes (one row per agent step) → advantages from
+oma.core (OA via ``algo.accounting``) → PPO-style epochs over mini-batches of whole trajectories,
+weights from oma.core (MA via ``algo.mass``) computed once per mini-batch, exact micro-batch
+gradient accumulation → greedy evaluation on held-out tasks, metrics, checkpoint.
+
+Every random draw comes from a generator seeded by (seed, iteration, purpose), so a run is
+reproducible and a resumed run yields the metrics of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from torch import Tensor
+
+import oma.envs
+from oma.agent.policy import response_logprobs
+from oma.agent.rollout import Rollout, Rows, rollout
+from oma.core import (
+    gigpo_advantages,
+    kl_k3,
+    micro_batches,
+    outcome_advantages,
+    token_objective,
+    token_weights,
+    trajectory_minibatches,
+    weighted_loss,
+)
+from oma.train.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
+from oma.train.config import ConfigError, TrainConfig, to_dict
+from oma.train.warmstart import build_policy
+
+TRAIN_SEEDS_PER_RUN_SEED = 100_000
+"""Training task seeds of run seed s are s·100000 + k (mod the eval offset): fresh tasks every iteration."""
+
+
+def _generator(seed: int, iteration: int, purpose: str) -> torch.Generator:
+    salt = {"rollout": 1, "minibatch": 2}[purpose]
+    return torch.Generator().manual_seed(seed * 1_000_003 + iteration * 7919 + salt)
+
+
+def task_seeds(cfg: TrainConfig, iteration: int) -> list[int]:
+    g = cfg.env.tasks_per_iter
+    first = cfg.seed * TRAIN_SEEDS_PER_RUN_SEED + (iteration - 1) * g
+    return [(first + k) % cfg.env.eval_seed_offset for k in range(g)]
+
+
+def env_factory(cfg: TrainConfig) -> Callable[[], object]:
+    try:
+        oma.envs.make(cfg.env.name, **cfg.env.options)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"env.options: {e}") from None
+    return lambda: oma.envs.make(cfg.env.name, **cfg.env.options)
+
+
+# ================================================================================================
+# Batch tensors: one response mask for the whole rollout, responses in columns 0..len-1
+# ================================================================================================
+
+
+@dataclass
+class Batch:
+    rows: Rows
+    response_mask: Tensor  # bool [R, L]
+    adv: Tensor  # float [R]
+    logp_old: Tensor  # float [R, L]
+    logp_ref: Tensor | None  # float [R, L]
+
+
+def response_mask_of(rows: Rows) -> Tensor:
+    lengths = torch.tensor([len(r) for r in rows.response_ids])
+    return torch.arange(int(lengths.max())).unsqueeze(0) < lengths.unsqueeze(-1)
+
+
+@torch.no_grad()
+def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int) -> Tensor:
+    out = torch.zeros(len(rows), width)
+    for idx in micro_batches(len(rows), micro_rows):
+        logp, _, _ = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id)
+        out[idx, : logp.shape[1]] = logp
+    return out
+
+
+def advantages(cfg: TrainConfig, rows: Rows) -> Tensor:
+    a = cfg.algo
+    if a.estimator == "gigpo":
+        return gigpo_advantages(rows.scores, rows.step_rewards, rows.anchor, rows.group_index, rows.traj_index,
+                                rows.step_index, accounting=a.accounting, norm_by_std=a.norm_by_std, gamma=a.gamma,
+                                step_advantage_w=a.step_advantage_w)
+    return outcome_advantages(rows.scores, rows.group_index, rows.traj_index, accounting=a.accounting,
+                              estimator=a.estimator, norm_by_std=a.norm_by_std)
+
+
+# ================================================================================================
+# The loss of one mini-batch, accumulated over micro-batches (weights from the whole mini-batch)
+# ================================================================================================
+
+
+def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_id: int, *, backward: bool) -> dict[str, float]:
+    """Σ over micro-batches of weighted_loss(ℓ, W[micro]) with W = token_weights(mini-batch).
+
+    With ``backward`` each micro-batch's loss is back-propagated as it is made (gradients
+    accumulate to exactly the mini-batch gradient). Returns the loss and diagnostics.
+    """
+    a = cfg.algo
+    rows = batch.rows
+    mask = batch.response_mask[rows_idx]
+    weights = token_weights(mask, rows.group_index[rows_idx], rows.traj_index[rows_idx], reducer=a.reducer, mass=a.mass)
+    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0, "approx_kl": 0.0}
+    for chunk in micro_batches(len(rows_idx), cfg.optim.micro_batch_rows):
+        idx = rows_idx[chunk]
+        logp, m, entropy = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx],
+                                             pad_id, with_entropy=True)
+        width = m.shape[1]
+        w = weights[chunk, :width]
+        logp_old = batch.logp_old[idx, :width]
+        adv = batch.adv[idx]
+        pg = token_objective(logp, logp_old, adv, m, objective=a.objective, clip_low=a.clip_low, clip_high=a.clip_high)
+        ell = pg
+        if batch.logp_ref is not None:
+            kl = kl_k3(logp, batch.logp_ref[idx, :width], m)
+            ell = ell + a.kl_coef * kl
+            totals["kl"] += float(weighted_loss(kl.detach(), w))
+        if a.entropy_coef:
+            ell = ell - a.entropy_coef * entropy
+        loss = weighted_loss(ell, w)
+        if backward:
+            loss.backward()
+        with torch.no_grad():
+            ratio = torch.exp(logp - logp_old)
+            a_tok = adv.unsqueeze(-1).expand_as(ratio)
+            clipped = ((ratio > 1 + a.clip_high) & (a_tok > 0)) | ((ratio < 1 - a.clip_low) & (a_tok < 0))
+            totals["loss"] += float(loss)
+            totals["pg_loss"] += float(weighted_loss(pg.detach(), w))
+            totals["entropy"] += float(weighted_loss(entropy.detach(), w))
+            totals["clipfrac"] += float((clipped & m).sum())
+            totals["approx_kl"] += float(((logp_old - logp) * m).sum())
+    n_tokens = max(1, int(mask.sum()))
+    totals["clipfrac"] /= n_tokens
+    totals["approx_kl"] /= n_tokens
+    # entropy/kl were summed with the loss weights: report them per unit of weight
+    total_w = float(weights.sum())
+    for k in ("entropy", "kl"):
+        totals[k] = totals[k] / total_w if total_w > 0 else 0.0
+    return totals
+
+
+def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iteration: int) -> dict[str, float]:
+    """PPO epochs over mini-batches of whole trajectories; one optimizer step per mini-batch."""
+    generator = _generator(cfg.seed, iteration, "minibatch")
+    stats: list[dict[str, float]] = []
+    model.train()
+    for _ in range(cfg.optim.ppo_epochs):
+        for rows_idx in trajectory_minibatches(batch.rows.traj_index, cfg.optim.num_minibatches, generator=generator):
+            s = minibatch_loss(model, batch, rows_idx, cfg, pad_id, backward=True)
+            s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            stats.append(s)
+    return {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
+
+
+# ================================================================================================
+# Evaluation and bookkeeping
+# ================================================================================================
+
+
+def evaluate(cfg: TrainConfig, make_env, model, tokenizer) -> dict[str, float]:
+    """Greedy success on the fixed held-out task set (one episode per task)."""
+    seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
+    ro = rollout(make_env, model, tokenizer, seeds, group_size=1, history_length=cfg.env.history_length,
+                 max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
+                 temperature=0.0, invalid_penalty=cfg.env.invalid_penalty, generator=None)
+    return {"eval_success": ro.success_rate, "eval_steps": sum(e.steps for e in ro.episodes) / len(ro.episodes),
+            "eval_invalid": sum(e.invalid for e in ro.episodes) / max(1, sum(e.steps for e in ro.episodes))}
+
+
+def rollout_metrics(ro: Rollout) -> dict[str, float]:
+    eps = ro.episodes
+    wins = [e for e in eps if e.won]
+    fails = [e for e in eps if not e.won]
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else float("nan")
+
+    return {
+        "success": ro.success_rate,
+        "rows": len(ro.rows),
+        "rows_per_traj": len(ro.rows) / len(eps),
+        "rows_per_traj_success": mean([e.steps for e in wins]),
+        "rows_per_traj_failure": mean([e.steps for e in fails]),
+        "outcome_mean": mean([e.outcome for e in eps]),
+        "invalid_rate": sum(e.invalid for e in eps) / max(1, len(ro.rows)),
+        "generated_tokens": ro.generated_tokens,
+    }
+
+
+class MetricsLog:
+    """metrics.jsonl (one object per line, the source of truth) and, optionally, TensorBoard."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is optional; metrics.jsonl always exists
+                self.tb = None
+
+    def truncate_after(self, iteration: int) -> None:
+        """Keep only lines up to ``iteration`` (a resumed run rewrites what came after its checkpoint)."""
+        if self.path.is_file():
+            lines = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["iteration"] <= iteration]
+            atomic_write_text(self.path, "".join(ln + "\n" for ln in lines))
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "iteration":
+                    self.tb.add_scalar(k, v, record["iteration"])
+            self.tb.flush()
+
+    def read(self) -> list[dict]:
+        return [json.loads(ln) for ln in self.path.read_text().splitlines() if ln] if self.path.is_file() else []
+
+
+def _check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"--resume: {run_dir} is not a run directory (no config.json); check out_dir")
+    saved = json.loads((run_dir / "config.json").read_text())
+    now = to_dict(cfg)
+    diff = [k for k in now if k not in ("iterations", "out_dir") and saved.get(k) != now[k]]
+    if diff:
+        raise ConfigError(f"--resume: the config differs from the run's saved config.json in {diff}; "
+                          "only `iterations` may change when resuming")
+
+
+# ================================================================================================
+# The loop
+# ================================================================================================
+
+
+def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Console | None = None) -> dict:
+    """Run (or resume) RL training into ``run_dir``; return the summary."""
+    console = console or Console()
+    t_start = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+
+    # ---- 0. setup: env, run directory, policy (warm start), optimizer, resume ------------------
+    make_env = env_factory(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        _check_resume_config(run_dir, cfg)
+    atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
+    log = MetricsLog(run_dir, cfg.tensorboard)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, transient=False)
+    with progress:
+        model, tokenizer, ws_info = build_policy(cfg, make_env, progress)
+        if cfg.policy.lora_r > 0:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=cfg.policy.lora_r, lora_alpha=cfg.policy.lora_alpha,
+                                                     target_modules="all-linear", lora_dropout=0.0))
+        ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 else None
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
+                                      weight_decay=cfg.optim.weight_decay)
+        pad_id = tokenizer.pad_token_id
+        start = 0
+        if resume:
+            ckpt = latest_checkpoint(run_dir)
+            if ckpt is None:
+                raise ConfigError(f"--resume: {run_dir} has no checkpoint to resume from")
+            start = load_checkpoint(ckpt, model, optimizer)["iteration"]
+            log.truncate_after(start)
+            console.print(f"resumed from {ckpt} (iteration {start})")
+        else:
+            log.truncate_after(-1)
+            (run_dir / "samples.jsonl").unlink(missing_ok=True)
+            log.write({"iteration": 0, **evaluate(cfg, make_env, model, tokenizer), "warm_start": ws_info})
+
+        rl = progress.add_task("RL", total=cfg.iterations, completed=start)
+        for it in range(start + 1, cfg.iterations + 1):
+            # ---- 1. rollout: G tasks × n episodes, one row per step ------------------------------
+            t0 = time.perf_counter()
+            ro = rollout(make_env, model, tokenizer, task_seeds(cfg, it), group_size=cfg.env.group_size,
+                         history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
+                         max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
+                         invalid_penalty=cfg.env.invalid_penalty, generator=_generator(cfg.seed, it, "rollout"))
+            rows = ro.rows
+            t_rollout = time.perf_counter() - t0
+
+            # ---- 2. advantages (oma.core; Outcome Alignment via algo.accounting) ----------------
+            t0 = time.perf_counter()
+            adv = advantages(cfg, rows)
+            mask = response_mask_of(rows)
+            width = mask.shape[1]
+            logp_old = batch_logprobs(model, rows, pad_id, cfg.optim.micro_batch_rows, width)
+            logp_ref = batch_logprobs(ref_model, rows, pad_id, cfg.optim.micro_batch_rows, width) if ref_model else None
+            batch = Batch(rows, mask, adv, logp_old, logp_ref)
+            t_adv = time.perf_counter() - t0
+
+            # ---- 3. update (Mass Alignment via algo.mass; exact micro-batch accumulation) --------
+            t0 = time.perf_counter()
+            upd = update(model, optimizer, batch, cfg, pad_id, it)
+            t_update = time.perf_counter() - t0
+
+            # ---- 4. evaluate, log, dump, checkpoint ---------------------------------------------
+            record = {"iteration": it, **rollout_metrics(ro), **upd,
+                      "adv_abs_mean": float(adv.abs().mean()),
+                      "time_rollout": t_rollout, "time_advantages": t_adv, "time_update": t_update,
+                      "tokens_per_s": ro.generated_tokens / max(t_rollout, 1e-9)}
+            if it % cfg.eval_every == 0 or it == cfg.iterations:
+                record.update(evaluate(cfg, make_env, model, tokenizer))
+            log.write(record)
+            _write_samples(run_dir, it, ro, cfg.samples_per_iter)
+            if cfg.dump_batches:
+                _dump_batch(run_dir, it, rows, mask)
+            if it % cfg.checkpoint_every == 0 or it == cfg.iterations:
+                save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)})
+            progress.update(rl, advance=1, description=(
+                f"RL it {it}: success {record['success']:.2f} rows/traj {record['rows_per_traj']:.1f} "
+                f"iter {t_rollout + t_adv + t_update:.1f}s"
+                + (f" eval {record['eval_success']:.2f}" if "eval_success" in record else "")))
+
+    summary = _summary(log.read(), time.perf_counter() - t_start, ws_info)
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    _print_summary(console, summary, run_dir)
+    return summary
+
+
+def _write_samples(run_dir: Path, iteration: int, ro: Rollout, k: int) -> None:
+    with (run_dir / "samples.jsonl").open("a") as f:
+        for e in ro.episodes[:k]:
+            f.write(json.dumps({"iteration": iteration, "seed": e.seed, "won": e.won, "steps": e.steps,
+                                "transcript": [{"obs": o, "action": a} for o, a in e.transcript]}) + "\n")
+
+
+def _dump_batch(run_dir: Path, iteration: int, rows: Rows, mask: Tensor) -> None:
+    from oma.diagnostics import write_batch
+
+    write_batch(run_dir / "batches" / f"iter_{iteration:06d}.parquet", group_index=rows.group_index,
+                traj_index=rows.traj_index, step_index=rows.step_index, scores=rows.scores, response_mask=mask,
+                anchor=rows.anchor, step_rewards=rows.step_rewards, won=rows.won)
+
+
+def _summary(records: list[dict], wall: float, ws_info: dict) -> dict:
+    evals = [(r["iteration"], r["eval_success"]) for r in records if "eval_success" in r]
+    return {
+        "eval_success_start": evals[0][1] if evals else None,
+        "eval_success_end": evals[-1][1] if evals else None,
+        "eval_success_best": max(e for _, e in evals) if evals else None,
+        "eval_curve": evals,
+        "iterations": max((r["iteration"] for r in records), default=0),
+        "wall_time_s": wall,
+        "warm_start_cached": ws_info.get("cached", False),
+    }
+
+
+def _print_summary(console: Console, s: dict, run_dir: Path) -> None:
+    table = Table(title=f"oma train — {run_dir}")
+    table.add_column("held-out success (greedy)")
+    table.add_column("value", justify="right")
+    table.add_row("after warm start (iteration 0)", f"{s['eval_success_start']:.3f}")
+    table.add_row(f"after RL (iteration {s['iterations']})", f"{s['eval_success_end']:.3f}")
+    table.add_row("best evaluation", f"{s['eval_success_best']:.3f}")
+    table.add_row("wall time", f"{s['wall_time_s']:.0f} s")
+    console.print(table)

@@ -1,0 +1,149 @@
+"""The policy before RL: tokenizer, model, and supervised warm start on noisy expert demonstrations.
+
+Everything here is cached by a hash of the settings that determine it, so a rerun (or every run of
+an `oma compare` sweep) starts from the same warm-started policy in seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.progress import Progress
+
+import oma
+from oma.agent.policy import EOS, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
+from oma.agent.prompt import step_prompt
+from oma.core import micro_batches
+from oma.train.config import TrainConfig
+
+DEMO_SEED_OFFSET = 2_000_000
+"""Demonstration seeds are ``DEMO_SEED_OFFSET + k``: disjoint from training (< eval offset) and evaluation."""
+
+
+@dataclass
+class Demo:
+    prompt: str
+    action: str
+
+
+def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, history_length: int) -> list[Demo]:
+    """(prompt, action) of every step of ``episodes`` noisy-expert episodes (ε = ``noise``)."""
+    demos: list[Demo] = []
+    for k in range(episodes):
+        seed = DEMO_SEED_OFFSET + k
+        rng = random.Random(seed)
+        env = make_env()
+        obs, info = env.reset(seed)
+        history: list[tuple[str, str]] = []
+        done = False
+        while not done:
+            admissible = info["admissible_actions"]
+            action = rng.choice(admissible) if rng.random() < noise else env.expert_action()
+            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length), action))
+            history.append((obs, action))
+            obs, _, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+    return demos
+
+
+def cache_key(cfg: TrainConfig) -> str:
+    """Hash of everything that determines the warm-started policy."""
+    relevant = {
+        "oma": oma.__version__,
+        "env": {k: v for k, v in asdict(cfg.env).items() if k in ("name", "options", "history_length")},
+        "policy": {k: v for k, v in asdict(cfg.policy).items() if k not in ("temperature", "lora_r", "lora_alpha")},
+        "warm_start": {k: v for k, v in asdict(cfg.warm_start).items() if k != "cache_dir"},
+        "seed": cfg.seed,
+    }
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_rows: int, max_prompt_tokens: int,
+        seed: int, progress: Progress | None = None) -> list[float]:
+    """Token-mean cross-entropy on the demonstrated actions (+EOS); returns the loss per step."""
+    prompts = [ids[-max_prompt_tokens:] for ids in tokenizer([d.prompt for d in demos], add_special_tokens=False)["input_ids"]]
+    actions = tokenizer([d.action for d in demos], add_special_tokens=False)["input_ids"]
+    responses = [a + [tokenizer.convert_tokens_to_ids(EOS)] for a in actions]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    losses = []
+    model.train()
+    steps = epochs * len(micro_batches(len(demos), batch_rows))
+    task = progress.add_task("warm start (SFT)", total=steps) if progress else None
+    for _ in range(epochs):
+        order = torch.randperm(len(demos), generator=generator)
+        for chunk in micro_batches(len(demos), batch_rows):
+            idx = order[chunk].tolist()
+            logp, mask, _ = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], tokenizer.pad_token_id)
+            loss = -(logp * mask).sum() / mask.sum()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            if progress:
+                progress.update(task, advance=1, description=f"warm start (SFT) loss {losses[-1]:.3f}")
+    return losses
+
+
+def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Progress | None = None):
+    """(model, tokenizer, info) after the warm start, from the cache when it holds this config."""
+    ws = cfg.warm_start
+    key = cache_key(cfg)
+    cache = Path(ws.cache_dir).expanduser() / "warmstart" / key
+    info = {"cache": str(cache), "cached": False}
+    if (cache / "done.json").is_file():
+        info.update(json.loads((cache / "done.json").read_text()), cached=True)
+        return load_model(cache / "model"), load_tokenizer(cache / "tokenizer"), info
+    tiny = cfg.policy.model == "tiny"
+    if not tiny:  # fail on a bad path before spending time on demonstrations
+        model, tokenizer = load_model(cfg.policy.model), _user_tokenizer(cfg.policy.model)
+    need_demos = ws.enabled or tiny  # the tiny policy's tokenizer is trained on demonstration text
+    demos = demonstrations(make_env, max(ws.episodes, 1), ws.noise, cfg.env.history_length) if need_demos else []
+    if tiny:
+        tokenizer = train_tokenizer((t for d in demos for t in (d.prompt, d.action)), cfg.policy.vocab_size)
+        p = cfg.policy
+        model = tiny_model(len(tokenizer), hidden=p.hidden, layers=p.layers, heads=p.heads,
+                           max_positions=max(512, p.max_prompt_tokens + p.max_new_tokens), seed=cfg.seed)
+    losses = sft(model, tokenizer, demos, epochs=ws.epochs, lr=ws.lr, batch_rows=ws.batch_rows,
+                 max_prompt_tokens=cfg.policy.max_prompt_tokens, seed=cfg.seed, progress=progress) if ws.enabled else []
+    info.update(demo_rows=len(demos), sft_steps=len(losses), sft_loss_first=losses[0] if losses else None,
+                sft_loss_last=losses[-1] if losses else None)
+    _save(cache, model, tokenizer, {k: v for k, v in info.items() if k not in ("cache", "cached")})
+    return model, tokenizer, info
+
+
+def _user_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.eos_token is None:
+        raise ValueError(f"policy.model: the tokenizer in {path!r} has no eos_token; the policy needs one to end an action")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _save(cache: Path, model, tokenizer, info: dict) -> None:
+    """Write the warm-started policy to ``cache`` atomically (temporary folder, then rename)."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f".{cache.name}-"))
+    try:
+        model.save_pretrained(tmp / "model")
+        tokenizer.save_pretrained(tmp / "tokenizer")  # its own folder: no model config.json beside it
+        (tmp / "done.json").write_text(json.dumps(info))
+        if cache.exists():
+            shutil.rmtree(cache)
+        tmp.rename(cache)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+

@@ -1,0 +1,205 @@
+"""The trainer: projection, row assembly, the loop's loss vs oma.core, CLI smoke, resume, errors."""
+
+import json
+import re
+
+import pytest
+import torch
+
+import oma.envs
+from oma.agent import rollout as rollout_mod
+from oma.agent.policy import Generation, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
+from oma.agent.prompt import project_action, step_prompt
+from oma.cli import main as oma_main
+from oma.core import anchor_ids, outcome_advantages, token_objective, token_weights, weighted_loss
+from oma.train.config import ConfigError, load_config
+from oma.train.loop import Batch, batch_logprobs, minibatch_loss, response_mask_of
+
+TINY = [
+    "iterations=2", "policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=400",
+    "warm_start.episodes=3", "warm_start.epochs=1", "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2",
+    "env.options.max_steps=4", "eval_every=1", "checkpoint_every=1", "threads=1", "policy.max_new_tokens=6",
+    "tensorboard=false",
+]
+
+
+def test_project_action():
+    admissible = ["go to fridge 1", "open fridge 1", "look"]
+    assert project_action("open fridge 1", admissible) == "open fridge 1"
+    assert project_action("  Open   Fridge 1 \nand more", admissible) == "open fridge 1"  # case, spaces, first line
+    assert project_action("open fridge", admissible) is None  # truncated
+    assert project_action("", admissible) is None
+    assert project_action("go to fridge 2", admissible) is None  # not admissible here
+
+
+def test_step_prompt_history_window():
+    history = [("o1", "a1"), ("o2", "a2"), ("o3", "a3")]
+    p = step_prompt("the task", history, "now", ["x", "y"], history_length=2)
+    assert p.splitlines() == ["Task: the task", "Obs: o2", "Did: a2", "Obs: o3", "Did: a3", "Obs: now", "Can: x | y", "Action:"]
+    assert "o1" not in step_prompt("t", history, "now", ["x"], history_length=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_policy():
+    env = oma.envs.make("shop")
+    texts = []
+    for seed in range(5):
+        obs, info = env.reset(seed)
+        texts += [step_prompt(info["task"], [], obs, info["admissible_actions"], 2), *info["admissible_actions"]]
+    tok = train_tokenizer(texts, 300)
+    model = tiny_model(len(tok), hidden=32, layers=1, heads=2, max_positions=1024, seed=0)
+    return model, tok
+
+
+def _scripted_generate(tok, invalid_every=3):
+    """A stand-in for sampling: the first admissible action of the prompt, or junk every k-th call."""
+    calls = {"n": 0}
+
+    def fake(model, tokenizer, prompt_ids, **kw):
+        texts = []
+        for ids in prompt_ids:
+            calls["n"] += 1
+            can = re.search(r"\nCan: (.*)\nAction:$", tok.decode(ids)).group(1).split(" | ")
+            texts.append("no such action" if calls["n"] % invalid_every == 0 else can[-1])
+        return Generation([tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts], texts)
+
+    return fake
+
+
+def test_rollout_rows(monkeypatch, tiny_policy):
+    model, tok = tiny_policy
+    monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))
+    seeds = [11, 12, 13]
+    ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=6), model, tok, seeds, group_size=2, history_length=2,
+                             max_prompt_tokens=400, max_new_tokens=8, temperature=1.0, invalid_penalty=0.1,
+                             generator=None, traj_offset=100)
+    rows = ro.rows
+    assert len(rows) == sum(e.steps for e in ro.episodes)  # K rows for a K-step episode, none after the end
+    for t, ep in enumerate(ro.episodes):
+        mine = (rows.traj_index == 100 + t).nonzero().squeeze(-1)
+        assert len(mine) == ep.steps
+        assert rows.step_index[mine].tolist() == list(range(ep.steps))
+        assert set(rows.group_index[mine].tolist()) == {t // 2}
+        assert ep.seed == seeds[t // 2]
+        valid = rows.valid[mine]
+        assert int((~valid).sum()) == ep.invalid
+        expected = ep.outcome - 0.1 * (~valid).float()
+        torch.testing.assert_close(rows.scores[mine], expected)
+        assert rows.won[mine].eq(ep.won).all()
+    # anchors are the env's state ids at the time each row acted: replay episode 0 and compare
+    env = oma.envs.make("shop", max_steps=6)
+    env.reset(seeds[0])
+    mine = (rows.traj_index == 100).nonzero().squeeze(-1)
+    replay = []
+    for obs_action in ro.episodes[0].transcript:
+        replay.append(env.anchor())
+        env.step(obs_action[1])
+    assert rows.anchor[mine].tolist() == anchor_ids(replay).tolist()
+
+
+def test_loop_loss_equals_oma_core_on_a_captured_batch(monkeypatch, tiny_policy):
+    model, tok = tiny_policy
+    monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))
+    ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=5), model, tok, [3, 4], group_size=3, history_length=1,
+                             max_prompt_tokens=400, max_new_tokens=8, temperature=1.0, invalid_penalty=0.1, generator=None)
+    rows = ro.rows
+    cfg = load_config(None, ["algo.mass=uniform", "algo.reducer=seq-mean-token-mean", "optim.micro_batch_rows=3"])
+    mask = response_mask_of(rows)
+    adv = outcome_advantages(rows.scores, rows.group_index, rows.traj_index)
+    logp_old = batch_logprobs(model, rows, tok.pad_token_id, 4, mask.shape[1]) - 0.05  # ratio ≠ 1
+    batch = Batch(rows, mask, adv, logp_old, None)
+    model.zero_grad()
+    stats = minibatch_loss(model, batch, torch.arange(len(rows)), cfg, tok.pad_token_id, backward=True)
+    grads = [p.grad.clone() for p in model.parameters()]
+    # the same loss in one piece, straight from oma.core
+    model.zero_grad()
+    logp, m, _ = response_logprobs(model, rows.prompt_ids, rows.response_ids, tok.pad_token_id)
+    assert torch.equal(m, mask)
+    ell = token_objective(logp, logp_old, adv, mask)
+    w = token_weights(mask, rows.group_index, rows.traj_index, reducer="seq-mean-token-mean", mass="uniform")
+    loss = weighted_loss(ell, w)
+    loss.backward()
+    assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-7)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_tiny_model_and_tokenizer_save_and_reload(tmp_path, tiny_policy):
+    model, tok = tiny_policy
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "tokenizer")
+    model2, tok2 = load_model(tmp_path / "model"), load_tokenizer(tmp_path / "tokenizer")
+    text = "search[red cotton t-shirt]"
+    assert tok2(text)["input_ids"] == tok(text)["input_ids"] and tok2.decode(tok(text)["input_ids"]) == text
+    ids = torch.tensor([tok(text)["input_ids"]])
+    torch.testing.assert_close(model2(ids).logits, model(ids).logits)
+
+
+def test_cli_smoke_two_iterations(tmp_path):
+    out = tmp_path / "run"
+    rc = oma_main(["train", *TINY, f"out_dir={out}", f"warm_start.cache_dir={tmp_path / 'cache'}", "dump_batches=true"])
+    assert rc == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert all("eval_success" in r for r in records)
+    assert records[1]["rows"] == records[1]["rows_per_traj"] * 4
+    assert (out / "checkpoints" / "latest").read_text() == "iter_000002"
+    assert (out / "checkpoints" / "iter_000002" / "model.safetensors").is_file()
+    assert json.loads((out / "config.json").read_text())["iterations"] == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["iterations"] == 2 and 0 <= summary["eval_success_end"] <= 1
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 4
+    assert sorted(p.name for p in (out / "batches").iterdir()) == ["iter_000001.parquet", "iter_000002.parquet"]
+    # a second run into the same out_dir gets a fresh sibling; nothing is overwritten
+    rc = oma_main(["train", *TINY, "iterations=0", f"out_dir={out}", f"warm_start.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 0 and (tmp_path / "run-2" / "metrics.jsonl").is_file()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def _metrics(path):
+    drop = ("time_", "tokens_per_s", "warm_start")
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith(drop)} for line in path.read_text().splitlines()]
+
+
+def test_resume_gives_identical_metrics(tmp_path):
+    cache = f"warm_start.cache_dir={tmp_path / 'cache'}"
+    common = [*TINY, "checkpoint_every=2", "eval_every=2", cache]
+    assert oma_main(["train", *common, "iterations=4", f"out_dir={tmp_path / 'straight'}"]) == 0
+    assert oma_main(["train", *common, "iterations=2", f"out_dir={tmp_path / 'resumed'}"]) == 0
+    assert oma_main(["train", *common, "iterations=4", f"out_dir={tmp_path / 'resumed'}", "--resume"]) == 0
+    straight, resumed = _metrics(tmp_path / "straight" / "metrics.jsonl"), _metrics(tmp_path / "resumed" / "metrics.jsonl")
+    assert [r["iteration"] for r in resumed] == [0, 1, 2, 3, 4]
+    assert resumed == straight
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "iter_000004" / "model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "checkpoints" / "iter_000004" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_bad_configs(tmp_path, capsys):
+    with pytest.raises(ConfigError, match=r"unknown config key 'algo.masss'.*valid keys: .*algo\.mass"):
+        load_config(None, ["algo.masss=native"])
+    with pytest.raises(ConfigError, match=r"algo.accounting='rows' is not valid; expected one of \['row', 'trajectory'\]"):
+        load_config(None, ["algo.accounting=rows"])
+    with pytest.raises(ConfigError, match="optim.micro_batch_rows must be > 0"):
+        load_config(None, ["optim.micro_batch_rows=0"])
+    with pytest.raises(ConfigError, match="bad value for config key 'iterations'"):
+        load_config(None, ["iterations=many"])
+    with pytest.raises(ConfigError, match="config file 'nope.yaml' does not exist"):
+        load_config("nope.yaml")
+    with pytest.raises(ConfigError, match="override 'iterations' must look like key=value"):
+        load_config(None, ["iterations"])
+    assert oma_main(["train", "env.options.colour=red", f"out_dir={tmp_path / 'r'}"]) == 2
+    assert "env.options:" in capsys.readouterr().err
+    assert oma_main(["train", "--resume", f"out_dir={tmp_path / 'nothing'}", *TINY, f"warm_start.cache_dir={tmp_path}"]) == 2
+    assert "--resume:" in capsys.readouterr().err
+
+
+def test_bad_model_path(tmp_path, capsys):
+    rc = oma_main(["train", f"policy.model={tmp_path / 'missing'}", f"out_dir={tmp_path / 'r'}", f"warm_start.cache_dir={tmp_path}"])
+    assert rc == 2
+    assert re.search(r"policy.model: '.*missing' is not a directory", capsys.readouterr().err)
+    (tmp_path / "empty").mkdir()
+    rc = oma_main(["train", f"policy.model={tmp_path / 'empty'}", f"out_dir={tmp_path / 'r2'}", f"warm_start.cache_dir={tmp_path}"])
+    assert rc == 2 and "has no config.json" in capsys.readouterr().err
