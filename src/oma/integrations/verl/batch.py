@@ -1,0 +1,381 @@
+r"""Trainer-side OMA for verl: session keys → trajectories, OA advantages, MA weights per mini-batch.
+
+Pure functions (torch + :mod:`oma.core`; verl only for its seq-len balancer), used by
+:mod:`oma.integrations.verl.trainer` and testable without verl's trainer stack.
+
+**Where the ids come from.** verl's v1 agent loop stores every output under the key
+``{uid}_{session_id}_{index}``: ``uid`` is the prompt (the GRPO *group*), ``session_id`` ∈ [0, n)
+one rollout of it (the *trajectory*), ``index`` the output's position in that session (the agent
+*step*). verl's own padding rows are keys ``pad<hex>_{i}_0`` with an empty response mask; they
+become trajectories with no trainable token and get no mass.
+
+**How the objective is made exact.** verl's actor loss for a micro-batch is
+``agg_loss(ℓ(A'), mask, loss_agg_mode, dp_size, ...)``. With ``loss_agg_mode=token-sum`` that is
+``dp_size·Σ mask·ℓ(A')`` with no normaliser, data-parallel gradients are averaged (÷dp_size) and
+micro-batch gradients summed, so one optimizer step minimises ``Σ_{rows of its mini-batch} Σ_l
+mask·ℓ(A')``. Every oma weight is a per-row constant on the row's valid tokens,
+``W[r, l] = c_r·mask[r, l]`` (:func:`oma.core.token_weights`), and the supported token losses are
+positively homogeneous in the advantage, ``ℓ(c·A) = c·ℓ(A)`` for ``c ≥ 0`` (PPO-clip incl. dual
+clip: clip and min act on the ratio, the sign of A is kept; GSPO: the sequence ratio does not
+involve A). Hence with ``A' = A·W``::
+
+    Σ_r Σ_l mask·ℓ(A·W) = Σ_r Σ_l W·ℓ(A) = oma.core.weighted_loss(ℓ(A), W)
+
+for any micro-batch split, any data-parallel size and any dynamic batch sizing. ``W`` is computed
+on each PPO **mini-batch** (one optimizer step), never on a micro-batch (DESIGN §3.4.2).
+
+**Which rows form a mini-batch.** verl splits the step's batch into ``dp_size`` contiguous chunks
+(one per data-parallel rank) and each rank cuts its chunk, unshuffled (``actor.shuffle=false``),
+into consecutive local mini-batches of ``ppo_mini_batch_size·n/dp_size`` rows; global mini-batch
+``i`` is the union of the ranks' ``i``-th pieces (:func:`minibatch_rows`). When the step has more
+than one mini-batch, :func:`trajectory_minibatch_order` reorders the rows so each mini-batch holds
+whole trajectories (cut only at mini-batch boundaries, groups kept together), then balances the
+ranks' token work inside each mini-batch with verl's own partitioner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from oma import core
+from oma.integrations.verl.options import OMAOptions, cfg_get, cfg_select
+
+SUPPORTED_POLICY_LOSSES: tuple[str, ...] = ("vanilla", "gspo")
+"""verl ``policy_loss.loss_mode`` values whose objective oma reproduces exactly (with a ``token_objective``)."""
+
+REQUIRED_LOSS_AGG_MODE = "token-sum"
+
+
+# --------------------------------------------------------------------------------------------- ids
+
+
+@dataclass(frozen=True)
+class SessionIds:
+    """Group / trajectory / step of every row, recovered from verl's session keys.
+
+    Attributes:
+        uids: the group uid of each row (the key's first field).
+        sessions: ``"{uid}_{session_id}"`` of each row (one trajectory).
+        group_index, traj_index, step_index: int64 [R] (dense ids; step = the key's output index).
+    """
+
+    uids: list[str]
+    sessions: list[str]
+    group_index: Tensor
+    traj_index: Tensor
+    step_index: Tensor
+
+
+def parse_session_keys(keys: Sequence[str]) -> SessionIds:
+    """Split verl v1 row keys ``{uid}_{session_id}_{index}`` (from the right, as verl does)."""
+    uids: list[str] = []
+    sessions: list[str] = []
+    steps: list[int] = []
+    for key in keys:
+        fields = str(key).rsplit("_", 2)
+        if len(fields) != 3:
+            raise ValueError(f"row key {key!r} is not verl's '{{uid}}_{{session_id}}_{{index}}'")
+        uid, session, index = fields
+        try:
+            step = int(index)
+        except ValueError:
+            raise ValueError(f"row key {key!r}: output index {index!r} is not an integer") from None
+        uids.append(uid)
+        sessions.append(f"{uid}_{session}")
+        steps.append(step)
+    group_ids: dict[str, int] = {}
+    traj_ids: dict[str, int] = {}
+    group_index = torch.tensor([group_ids.setdefault(u, len(group_ids)) for u in uids], dtype=torch.int64)
+    traj_index = torch.tensor([traj_ids.setdefault(s, len(traj_ids)) for s in sessions], dtype=torch.int64)
+    step_index = torch.tensor(steps, dtype=torch.int64)
+    if len(set(zip(sessions, steps, strict=True))) != len(steps):
+        raise ValueError("duplicated row key: the same {uid}_{session_id}_{index} appears twice in the batch")
+    return SessionIds(uids, sessions, group_index, traj_index, step_index)
+
+
+# ------------------------------------------------------------------------------------------ layout
+
+
+def minibatch_rows(n_rows: int, dp_size: int, mini_batch_rows: int) -> list[Tensor]:
+    """Row indices (in batch order) of each global PPO mini-batch, as verl 0.9.1 forms them unshuffled.
+
+    verl dispatches ``dp_size`` contiguous chunks of ``n_rows/dp_size`` rows; each rank iterates its
+    chunk in pieces of ``mini_batch_rows/dp_size`` rows (``tu.make_iterator``, ``shuffle=False``).
+    Global mini-batch ``i`` = the ``i``-th piece of every rank.
+    """
+    if dp_size < 1 or mini_batch_rows < 1:
+        raise ValueError(f"dp_size and mini_batch_rows must be >= 1, got {dp_size}, {mini_batch_rows}")
+    if n_rows % dp_size or mini_batch_rows % dp_size:
+        raise ValueError(f"n_rows={n_rows} and mini_batch_rows={mini_batch_rows} must be multiples of dp_size={dp_size}")
+    per_rank, local = n_rows // dp_size, mini_batch_rows // dp_size
+    if per_rank % local:
+        raise ValueError(f"rows per rank ({per_rank}) must be a multiple of the local mini-batch ({local}), as verl asserts")
+    rank_start = torch.arange(dp_size).unsqueeze(1) * per_rank
+    return [(rank_start + i * local + torch.arange(local)).reshape(-1) for i in range(per_rank // local)]
+
+
+def trajectory_minibatch_order(
+    keys: Sequence[str],
+    seq_lens: Sequence[int],
+    dp_size: int,
+    mini_batch_rows: int,
+    *,
+    is_padding: Sequence[bool] | None = None,
+    balance: Callable[[list[int], int], list[list[int]]] | None = None,
+) -> list[int]:
+    """A row order under which every global mini-batch holds whole trajectories (cut only at its edges).
+
+    Real rows are sorted by (uid, session, output index), so groups and trajectories are contiguous
+    and uids (random UUIDs in verl) shuffle the groups from step to step; verl's padding rows go
+    last. The sequence is cut into consecutive mini-batches of ``mini_batch_rows`` rows; inside each,
+    rows are dealt to ranks by ``balance(workloads, dp_size)`` (default: verl's Karmarkar-Karp
+    ``get_seqlen_balanced_partitions`` on ``calculate_workload`` of the sequence lengths, equal
+    sizes), and placed where :func:`minibatch_rows` reads them. Returns ``perm``: new position p
+    holds old row ``perm[p]`` (what ``KVBatchMeta.reorder`` takes).
+    """
+    n = len(keys)
+    if len(seq_lens) != n:
+        raise ValueError(f"seq_lens has {len(seq_lens)} rows, keys {n}")
+    pad = [False] * n if is_padding is None else [bool(p) for p in is_padding]
+    sort_key = []
+    for row, key in enumerate(keys):
+        uid, session, index = str(key).rsplit("_", 2)
+        session_key: tuple = (0, int(session), "") if session.lstrip("-").isdigit() else (1, 0, session)
+        sort_key.append((pad[row], uid, session_key, int(index), row))
+    order = [item[-1] for item in sorted(sort_key)]
+    chunks = minibatch_rows(n, dp_size, mini_batch_rows)  # validates the sizes
+    local = mini_batch_rows // dp_size
+    if balance is None:
+        balance = _verl_balance
+    perm = [0] * n
+    for i, positions in enumerate(chunks):
+        members = order[i * mini_batch_rows : (i + 1) * mini_batch_rows]
+        parts = balance([int(seq_lens[r]) for r in members], dp_size) if dp_size > 1 else [list(range(len(members)))]
+        if len(parts) != dp_size or any(len(p) != local for p in parts):
+            raise ValueError(f"balance must return {dp_size} parts of {local} rows each")
+        flat = [members[j] for part in parts for j in sorted(part)]
+        for pos, row in zip(positions.tolist(), flat, strict=True):
+            perm[pos] = row
+    if sorted(perm) != list(range(n)):
+        raise AssertionError("trajectory_minibatch_order produced no permutation")  # pragma: no cover
+    return perm
+
+
+def _verl_balance(seq_lens: list[int], k: int) -> list[list[int]]:
+    from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
+
+    workloads = calculate_workload(torch.tensor(seq_lens, dtype=torch.int64)).tolist()
+    return get_seqlen_balanced_partitions(workloads, k_partitions=k, equal_size=True)
+
+
+# ------------------------------------------------------------------------------ advantages/weights
+
+
+@dataclass(frozen=True)
+class OMABatch:
+    """OMA quantities of one training step.
+
+    Attributes:
+        advantages: A·mask, [R, L] (the OA advantage broadcast over valid tokens; what ``returns`` gets).
+        weights: W, float64 [R, L], :func:`oma.core.token_weights` computed on each mini-batch.
+        weighted_advantages: A·W, [R, L] in the rewards' dtype: what verl's update receives.
+        minibatches: row indices of each mini-batch the weights were computed on.
+        ids: the recovered :class:`SessionIds`.
+        metrics: scalar diagnostics (``oma/...``) for verl's logger.
+    """
+
+    advantages: Tensor
+    weights: Tensor
+    weighted_advantages: Tensor
+    minibatches: list[Tensor]
+    ids: SessionIds
+    metrics: dict[str, float]
+
+
+def prompt_anchor_ids(prompts: Sequence[Any]) -> Tensor:
+    """Anchor (state) ids from each row's prompt token ids: rows with identical contexts share an id."""
+    import hashlib
+
+    digests = []
+    for p in prompts:
+        arr = np.ascontiguousarray(np.asarray(p.detach().cpu() if isinstance(p, Tensor) else p, dtype=np.int64))
+        digests.append(hashlib.blake2b(arr.tobytes(), digest_size=16).hexdigest())
+    return core.anchor_ids(digests)
+
+
+def compute_oma_batch(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    keys: Sequence[str],
+    algorithm_config: Any,
+    *,
+    dp_size: int = 1,
+    mini_batch_rows: int | None = None,
+    anchor: Tensor | None = None,
+    loss_scale_factor: float | None = None,
+    estimator_fn: Callable[..., tuple[Tensor, Tensor]] | None = None,
+) -> OMABatch:
+    """OA advantages over the whole step and MA weights per PPO mini-batch, for verl's update.
+
+    Args:
+        token_level_rewards: [R, L] (row score = sum over L, as verl's outcome estimators).
+        response_mask: [R, L] (bool/int), the mask verl's loss will use.
+        keys: verl's row keys ``{uid}_{session_id}_{index}`` in batch order.
+        algorithm_config: verl's ``algorithm`` node (``adv_estimator`` ∈ oma_*, ``algorithm.oma``).
+        dp_size, mini_batch_rows: the actor's data-parallel size and rows per PPO mini-batch
+            (``ppo_mini_batch_size·rollout.n``); None = one mini-batch.
+        anchor: int64 [R] state ids, needed by ``oma_gigpo`` (see :func:`prompt_anchor_ids`).
+        loss_scale_factor: L_norm for ``reducer: seq-mean-token-sum-norm`` when ``algorithm.oma``
+            sets none (the trainer passes ``actor.loss_scale_factor``).
+        estimator_fn: the registered estimator (the trainer passes verl's registry entry); default
+            oma's function of that name.
+    """
+    from oma.integrations.verl import ESTIMATOR_NAMES
+    from oma.integrations.verl.estimators import ESTIMATOR_FUNCTIONS
+
+    estimator = str(cfg_get(algorithm_config, "adv_estimator", ""))
+    if estimator not in ESTIMATOR_NAMES:
+        raise ValueError(f"algorithm.adv_estimator must be one of {list(ESTIMATOR_NAMES)} for oma's trainer, got {estimator!r}")
+    options = OMAOptions.from_algorithm_config(algorithm_config).with_loss_scale_factor(loss_scale_factor)
+    if estimator_fn is None:
+        estimator_fn = ESTIMATOR_FUNCTIONS[estimator]
+    rows = token_level_rewards.shape[0]
+    if len(keys) != rows or tuple(response_mask.shape) != tuple(token_level_rewards.shape):
+        raise ValueError(
+            f"batch mismatch: {len(keys)} keys, token_level_rewards {tuple(token_level_rewards.shape)}, "
+            f"response_mask {tuple(response_mask.shape)}"
+        )
+    ids = parse_session_keys(keys)
+    extra: dict[str, Any] = {"traj_index": ids.sessions, "step_index": ids.step_index}
+    if estimator == "oma_gigpo":
+        if anchor is None:
+            raise ValueError("oma_gigpo needs anchor ids (the trainer derives them from the rows' prompts)")
+        extra["anchor"] = anchor
+    adv, _ = estimator_fn(
+        token_level_rewards=token_level_rewards,
+        response_mask=response_mask,
+        index=np.array(ids.uids, dtype=object),
+        config=algorithm_config,
+        oma_mass_applied=True,
+        **extra,
+    )
+    mask = response_mask.detach().cpu().bool()
+    chunks = [torch.arange(rows)] if mini_batch_rows is None else minibatch_rows(rows, dp_size, mini_batch_rows)
+    weights = torch.zeros(mask.shape, dtype=torch.float64)
+    for idx in chunks:
+        weights[idx] = core.token_weights(
+            mask[idx], ids.group_index[idx], ids.traj_index[idx], reducer=options.reducer, mass=options.mass,
+            loss_scale_factor=options.loss_scale_factor,
+        )
+    weighted = (adv.detach().cpu().to(torch.float64) * weights).to(dtype=token_level_rewards.dtype)
+    metrics = _metrics(token_level_rewards, mask, ids, weights, options, len(chunks))
+    return OMABatch(
+        advantages=adv,
+        weights=weights,
+        weighted_advantages=weighted.to(token_level_rewards.device),
+        minibatches=chunks,
+        ids=ids,
+        metrics=metrics,
+    )
+
+
+def _metrics(rewards: Tensor, mask: Tensor, ids: SessionIds, weights: Tensor, options: OMAOptions, n_mb: int) -> dict[str, float]:
+    from oma.core.segments import segment_sum, segments
+
+    active = mask.any(-1)
+    traj = segments(ids.traj_index[active]) if bool(active.any()) else None
+    out: dict[str, float] = {"oma/optimizer_steps": float(n_mb)}
+    if traj is None:
+        return out
+    rows_per_traj = traj.counts.to(torch.float64)
+    mass = segment_sum(weights[active].sum(-1), traj.inverse, traj.n)
+    out["oma/trajectories"] = float(traj.n)
+    out["oma/rows_per_trajectory/mean"] = float(rows_per_traj.mean())
+    out["oma/rows_per_trajectory/max"] = float(rows_per_traj.max())
+    if float(mass.sum()) > 0:
+        out["oma/effective_trajectories"] = float(mass.sum() ** 2 / (mass * mass).sum())  # Kish, DESIGN §6
+    stats = core.group_outcome_stats(
+        rewards.detach().cpu().sum(-1).to(torch.float64)[active], ids.group_index[active], ids.traj_index[active],
+        accounting=options.accounting,
+    )
+    out["oma/degenerate_groups"] = float(stats.degenerate.sum())
+    out["oma/groups"] = float(stats.group_ids.shape[0])
+    return out
+
+
+# ------------------------------------------------------------------------------------ config checks
+
+
+class UnsupportedConfigError(ValueError):
+    """A verl configuration under which oma's trainer could not reproduce the OMA objective exactly."""
+
+
+def check_trainer_config(config: Any) -> OMAOptions:
+    """Validate a full verl config for oma's trainer; return the OMA options. Raises on any refusal.
+
+    Refused (each with the reason in the message):
+
+    * ``algorithm.adv_estimator`` not one of oma's (a critic/GAE has no group outcome to align);
+    * ``actor.loss_agg_mode`` other than ``token-sum``: verl's other modes renormalise each
+      micro-batch by counts oma cannot see at advantage time; oma's ``algorithm.oma.reducer``
+      carries the native aggregation inside each trajectory instead;
+    * ``actor.policy_loss.loss_mode`` other than ``vanilla``/``gspo`` (``bypass_mode`` rejects tokens
+      inside the loss; ``clip_cov``/``kl_cov`` select tokens by the advantage's values; ``dro`` adds a
+      term without A; the rest have no :func:`oma.core.token_objective` to be checked against);
+    * ``actor.use_kl_loss`` and ``actor.entropy_coeff != 0``: verl aggregates these terms with the
+      same ``token-sum`` and no weight, so they would be unnormalised and un-aligned (use
+      ``algorithm.use_kl_in_reward``, which goes through the advantage);
+    * ``actor.shuffle``: the weights are computed for the mini-batches verl forms unshuffled;
+    * ``algorithm.use_pf_ppo`` (resamples rows after the advantage) and an enabled ``distillation``
+      (adds losses outside the policy term).
+    """
+    algorithm = cfg_get(config, "algorithm")
+    actor = cfg_select(config, "actor_rollout_ref.actor")
+    from oma.integrations.verl import ESTIMATOR_NAMES
+
+    problems: list[str] = []
+    estimator = cfg_get(algorithm, "adv_estimator", None)
+    if estimator not in ESTIMATOR_NAMES:
+        problems.append(f"algorithm.adv_estimator={estimator!r}: oma's trainer needs one of {list(ESTIMATOR_NAMES)}")
+    agg = cfg_get(actor, "loss_agg_mode", "token-mean")
+    if agg != REQUIRED_LOSS_AGG_MODE:
+        problems.append(
+            f"actor_rollout_ref.actor.loss_agg_mode={agg!r}: set it to 'token-sum' (the Mass Alignment weights "
+            "carry the normaliser; put the native aggregation you want inside each trajectory in "
+            f"algorithm.oma.reducer, e.g. algorithm.oma.reducer={agg!r})"
+        )
+    loss_mode = cfg_select(actor, "policy_loss.loss_mode", "vanilla")
+    if loss_mode not in SUPPORTED_POLICY_LOSSES:
+        problems.append(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r}: oma is exact only for "
+            f"{list(SUPPORTED_POLICY_LOSSES)} (positively homogeneous in the advantage, checked against oma.core)"
+        )
+    if bool(cfg_get(actor, "use_kl_loss", False)):
+        problems.append(
+            "actor_rollout_ref.actor.use_kl_loss=True: verl adds the KL term with loss_agg_mode and no weight, so "
+            "under token-sum it would be an unnormalised, un-aligned sum; use algorithm.use_kl_in_reward=True instead"
+        )
+    entropy_coeff = float(cfg_get(actor, "entropy_coeff", 0.0) or 0.0)
+    if entropy_coeff != 0.0:
+        problems.append(
+            f"actor_rollout_ref.actor.entropy_coeff={entropy_coeff}: the entropy bonus is aggregated without the "
+            "Mass Alignment weights (unnormalised under token-sum); set it to 0"
+        )
+    if bool(cfg_get(actor, "shuffle", False)):
+        problems.append("actor_rollout_ref.actor.shuffle=True: set it to False (the weights are per unshuffled mini-batch)")
+    if bool(cfg_get(algorithm, "use_pf_ppo", False)):
+        problems.append("algorithm.use_pf_ppo=True: it resamples rows after the advantage, breaking the weights")
+    if bool(cfg_select(config, "distillation.enabled", False)):
+        problems.append("distillation.enabled=True: distillation losses are outside the weighted policy term")
+    if problems:
+        raise UnsupportedConfigError(
+            "oma's verl trainer refuses this configuration (the objective would not equal "
+            "oma.core.weighted_loss):\n  - " + "\n  - ".join(problems)
+        )
+    return OMAOptions.from_algorithm_config(algorithm)

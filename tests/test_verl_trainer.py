@@ -1,0 +1,315 @@
+"""oma's trajectory-aware verl trainer, on hand-built batches with verl's session keys.
+
+verl's v1 trainer package needs verl's ``verl-core`` extras (TransferQueue, ...), which the
+``oma[verl]`` install does not pull in; the trainer logic lives in
+:class:`OMATrainerMixin`, exercised here over a stand-in base class and an in-memory TransferQueue
+with verl's own TensorDict/DataProto/padding utilities.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import oma.integrations.verl.plugin  # noqa: F401
+from oma import core
+from oma.integrations.verl.batch import (
+    UnsupportedConfigError,
+    check_trainer_config,
+    compute_oma_batch,
+    minibatch_rows,
+    parse_session_keys,
+    trajectory_minibatch_order,
+)
+from oma.integrations.verl.trainer_mixin import OMATrainerMixin
+from verl.trainer.ppo import core_algos  # noqa: F401  (registers oma's estimators through the hook)
+from verl.utils import tensordict_utils as tu
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+from test_verl_support import session_batch
+
+
+def test_parse_session_keys():
+    ids = parse_session_keys(["a_b_0", "a_b_1", "my_uid_1_0", "a_c_0", "my_uid_0_3"])
+    assert ids.uids == ["a", "a", "my_uid", "a", "my_uid"]
+    assert ids.sessions == ["a_b", "a_b", "my_uid_1", "a_c", "my_uid_0"]
+    assert ids.group_index.tolist() == [0, 0, 1, 0, 1]
+    assert ids.traj_index.tolist() == [0, 0, 1, 2, 3]
+    assert ids.step_index.tolist() == [0, 1, 0, 0, 3]
+    with pytest.raises(ValueError, match="uid"):
+        parse_session_keys(["nounderscore"])
+    with pytest.raises(ValueError, match="duplicated"):
+        parse_session_keys(["a_0_1", "a_0_1"])
+
+
+def _config(**actor):
+    base = {
+        "algorithm": {"adv_estimator": "oma_grpo", "use_kl_in_reward": False, "kl_penalty": "kl", "oma": {}},
+        "actor_rollout_ref": {
+            "actor": {"loss_agg_mode": "token-sum", "ppo_mini_batch_size": 2, "shuffle": False, "use_kl_loss": False,
+                      "entropy_coeff": 0.0, "policy_loss": {"loss_mode": "vanilla"}, "loss_scale_factor": None},
+            "rollout": {"n": 4},
+        },
+        "trainer": {"v1": {"trainer_mode": "oma_sync"}},
+    }
+    base["actor_rollout_ref"]["actor"].update(actor)
+    return OmegaConf.create(base)
+
+
+def test_worked_example_gives_oma_core_values():
+    """DESIGN §3.5 (4 successes × 10 rows, 4 failures × 50 rows) plus a second group, by session keys."""
+    keys, rewards, mask, g, t, _ = session_batch([[10] * 4 + [50] * 4, [3, 7, 7, 1]], [[10] * 4 + [0] * 4, [1, 0, 1, 1]])
+    out = compute_oma_batch(rewards, mask, keys, _config().algorithm)
+    per_row = out.advantages[torch.arange(len(keys)), mask.float().argmax(-1)]
+    assert per_row[:40].tolist() == pytest.approx([0.9354] * 40, abs=1e-4)
+    assert per_row[40:240].tolist() == pytest.approx([-0.9354] * 200, abs=1e-4)
+    expected_adv = core.outcome_advantages(rewards.sum(-1).double(), g, t)
+    torch.testing.assert_close(out.advantages, (expected_adv.unsqueeze(-1) * mask).float())
+    expected_w = core.token_weights(mask, g, t, reducer="token-mean", mass="uniform")
+    torch.testing.assert_close(out.weights, expected_w)
+    torch.testing.assert_close(out.weighted_advantages, (expected_adv.unsqueeze(-1) * expected_w).float())
+    mass = core.implicit_mass(mask, g, t, reducer="token-mean", mass="uniform")
+    torch.testing.assert_close(mass, torch.full((12,), 1 / 12, dtype=torch.float64))
+    assert out.metrics["oma/trajectories"] == 12 and out.metrics["oma/optimizer_steps"] == 1
+
+
+def test_weights_are_computed_per_minibatch():
+    keys, rewards, mask, g, t, _ = session_batch([[2, 3, 1, 2], [1, 3, 2, 2]], [[1, 0, 0, 1], [0, 1, 1, 0]])
+    cfg = _config().algorithm
+    cfg.oma.reducer = "seq-mean-token-mean"
+    cfg.oma.mass = "group"
+    out = compute_oma_batch(rewards, mask, keys, cfg, dp_size=2, mini_batch_rows=8)
+    assert len(out.minibatches) == 2
+    for idx in out.minibatches:
+        torch.testing.assert_close(out.weights[idx], core.token_weights(mask[idx], g[idx], t[idx], reducer="seq-mean-token-mean", mass="group"))
+        assert float(out.weights[idx].sum()) == pytest.approx(1.0)  # each optimizer step: total mass 1
+
+
+def test_minibatch_rows_matches_verls_dispatch_and_iterator():
+    n, dp, mini = 24, 3, 6
+    td = tu.get_tensordict({"row": torch.arange(n)})
+    seen = []
+    per_rank = [list(tu.make_iterator(chunk, mini_batch_size=mini // dp, epochs=1, seed=0, dataloader_kwargs={"shuffle": False}))
+                for chunk in tu.chunk_tensordict(td, dp)]
+    for i in range(len(per_rank[0])):
+        seen.append(sorted(int(x) for rank in per_rank for x in rank[i]["row"]))
+    assert [sorted(m.tolist()) for m in minibatch_rows(n, dp, mini)] == seen
+    with pytest.raises(ValueError):
+        minibatch_rows(25, 3, 6)
+
+
+def test_trajectory_minibatch_order_keeps_trajectories_whole():
+    keys, *_ = session_batch([[3, 5, 2, 4], [6, 1, 3, 4]], [[0] * 4, [0] * 4])
+    keys = keys + [f"padabc_{i}_0" for i in range(4)]  # verl's padding rows: 32 rows in all
+    shuffled = torch.randperm(len(keys), generator=torch.Generator().manual_seed(0)).tolist()
+    keys = [keys[i] for i in shuffled]
+    seq_lens = [100 + 7 * (i % 5) for i in range(len(keys))]
+    dp, mini = 2, 8
+    perm = trajectory_minibatch_order(keys, seq_lens, dp, mini, is_padding=[k.startswith("pad") for k in keys])
+    assert sorted(perm) == list(range(len(keys)))
+    new_keys = [keys[p] for p in perm]
+    sessions_per_mb = []
+    for idx in minibatch_rows(len(keys), dp, mini):
+        sessions_per_mb.append({new_keys[i].rsplit("_", 1)[0] for i in idx.tolist()})
+    real = [s for s in {k.rsplit("_", 1)[0] for k in keys} if not s.startswith("pad")]
+    split = [s for s in real if sum(s in mb for mb in sessions_per_mb) > 1]
+    assert len(split) <= len(sessions_per_mb) - 1  # cut only at mini-batch boundaries
+    assert all(k.startswith("pad") for k in (new_keys[i] for i in minibatch_rows(len(keys), dp, mini)[-1].tolist()[-2:]))
+
+
+def test_check_trainer_config_accepts_the_supported_setup():
+    opts = check_trainer_config(_config())
+    assert opts.accounting == "trajectory" and opts.mass == "uniform"
+    check_trainer_config(_config(policy_loss={"loss_mode": "gspo"}))
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"loss_agg_mode": "token-mean"}, "token-sum"),
+        ({"policy_loss": {"loss_mode": "dppo_tv"}}, "loss_mode"),
+        ({"policy_loss": {"loss_mode": "clip_cov"}}, "loss_mode"),
+        ({"policy_loss": {"loss_mode": "bypass_mode"}}, "loss_mode"),
+        ({"use_kl_loss": True}, "use_kl_in_reward"),
+        ({"entropy_coeff": 0.01}, "entropy"),
+        ({"shuffle": True}, "shuffle"),
+    ],
+)
+def test_check_trainer_config_refuses_inexact_combinations(change, match):
+    with pytest.raises(UnsupportedConfigError, match=match):
+        check_trainer_config(_config(**change))
+
+
+def test_check_trainer_config_refuses_non_oma_estimator_and_pf_ppo():
+    cfg = _config()
+    cfg.algorithm.adv_estimator = "grpo"
+    with pytest.raises(UnsupportedConfigError, match="adv_estimator"):
+        check_trainer_config(cfg)
+    cfg = _config()
+    cfg.algorithm.use_pf_ppo = True
+    with pytest.raises(UnsupportedConfigError, match="pf_ppo"):
+        check_trainer_config(cfg)
+
+
+# --------------------------------------------------------------- the mixin over a stand-in trainer
+
+
+class _Meta:
+    """Stand-in for TransferQueue's KVBatchMeta (keys, tags, partition, in-place reorder)."""
+
+    def __init__(self, keys, tags):
+        self.keys, self.tags, self.partition_id, self.extra_info = list(keys), list(tags), "train", {}
+
+    def __len__(self):
+        return len(self.keys)
+
+    def reorder(self, perm):
+        self.keys = [self.keys[i] for i in perm]
+        self.tags = [self.tags[i] for i in perm]
+
+
+class _TQ:
+    """In-memory TransferQueue: per-key rows in, verl's nested TensorDict out."""
+
+    def __init__(self, rows):
+        self.rows, self.written = rows, None
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        return list_of_dict_to_tensordict([{f: self.rows[k][f] for f in select_fields if f in self.rows[k]} for k in keys])
+
+    def kv_batch_put(self, keys, partition_id, fields):
+        self.written = (list(keys), fields)
+        return _Meta(keys, [{}] * len(keys))
+
+
+class _StandInTrainer:
+    """What OMATrainerMixin needs from verl's PPOTrainer."""
+
+    def __init__(self, config):
+        self.config = config
+        self.trainer_mode = config.trainer.v1.trainer_mode  # as PPOTrainer.__init__ does
+
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        return batch
+
+
+def _trainer(config, tq, dp=2):
+    class Trainer(OMATrainerMixin, _StandInTrainer):
+        _oma_base_mode = "sync"
+
+        def _tq(self):
+            return tq
+
+        def _oma_dp_size(self):
+            return dp
+
+    return Trainer(config)
+
+
+@pytest.mark.parametrize("estimator", ["oma_grpo", "oma_gigpo"])
+def test_mixin_computes_oma_advantages_from_session_keys(estimator):
+    keys, rewards, mask, *_ = session_batch([[3, 5, 2, 6], [4, 4, 6]], [[1, 0, 0, 1], [0, 1, 1]], seed=3)
+    keys = keys + ["padfeed_0_0", "padfeed_1_0"]  # verl's padding rows (empty response mask): 32 rows
+    rewards = torch.cat([rewards, torch.zeros(2, rewards.shape[1])])
+    mask = torch.cat([mask, torch.zeros(2, mask.shape[1], dtype=torch.bool)])
+    rows = {}
+    for k, r, m in zip(keys, rewards, mask, strict=True):
+        n = max(int(m.sum()), 1)  # nested rows keep their own length, as TransferQueue stores them
+        rows[k] = {"uid": k.rsplit("_", 2)[0], "response_mask": m[:n].long(), "rm_scores": r[:n],
+                   "old_log_probs": torch.zeros(n), "prompts": torch.tensor([5, 6, int(k[-1]) % 3])}
+    tq = _TQ(rows)
+    shuffled = torch.randperm(len(keys), generator=torch.Generator().manual_seed(1)).tolist()
+    meta = _Meta([keys[i] for i in shuffled], [{"seq_len": 50 + i, "is_padding": keys[i].startswith("pad")} for i in shuffled])
+    cfg = _config(ppo_mini_batch_size=2)  # 2 prompts × n=4 → 8 rows per mini-batch
+    cfg.algorithm.adv_estimator = estimator
+    trainer = _trainer(cfg, tq)
+    assert trainer.trainer_mode == "sync" and trainer._oma_trainer_name == "oma_sync"
+    assert trainer._oma_mini_batch_rows(34) is None and trainer._oma_mini_batch_rows(32) == 8
+
+    meta = trainer._balance_batch(meta, {})  # 4 mini-batches: rows regrouped into whole trajectories
+    metrics = {}
+    trainer._compute_advantage(meta, metrics)
+    written_keys, fields = tq.written
+    assert written_keys == meta.keys and set(fields.keys()) == {"advantages", "returns"}
+
+    ids = parse_session_keys(meta.keys)
+    R = len(meta.keys)
+    L = rewards.shape[1]
+    full_mask = torch.zeros(R, L, dtype=torch.bool)
+    scores = torch.zeros(R, dtype=torch.float64)
+    for i, k in enumerate(meta.keys):
+        m = rows[k]["response_mask"].bool()
+        full_mask[i, : m.shape[0]] = m
+        scores[i] = float(rows[k]["rm_scores"].sum())
+    if estimator == "oma_grpo":
+        adv = core.outcome_advantages(scores, ids.group_index, ids.traj_index)
+    else:  # anchors: the rows' prompt token ids; step reward: the terminal one
+        from oma.integrations.verl.batch import prompt_anchor_ids
+        from oma.integrations.verl.estimators import terminal_step_rewards
+
+        anchor = prompt_anchor_ids([rows[k]["prompts"] for k in meta.keys])
+        step_rewards = terminal_step_rewards(scores, ids.traj_index, ids.step_index)
+        adv = core.gigpo_advantages(scores, step_rewards, anchor, ids.group_index, ids.traj_index, ids.step_index)
+    weights = torch.zeros(R, L, dtype=torch.float64)
+    for idx in minibatch_rows(R, 2, 8):
+        weights[idx] = core.token_weights(full_mask[idx], ids.group_index[idx], ids.traj_index[idx])
+    got = fields["advantages"].to_padded_tensor(0.0)
+    torch.testing.assert_close(got, (adv.unsqueeze(-1) * weights).float()[:, : got.shape[1]])
+    torch.testing.assert_close(fields["returns"].to_padded_tensor(0.0), (adv.unsqueeze(-1) * full_mask).float()[:, : got.shape[1]])
+    assert metrics["oma/optimizer_steps"] == 4.0 and metrics["oma/trajectories"] == 7.0
+    # every mini-batch (one optimizer step) carries total mass 1 and holds whole trajectories but at its edges
+    sessions = [{ids.sessions[i] for i in idx.tolist() if full_mask[i].any()} for idx in minibatch_rows(R, 2, 8)]
+    assert sum(len(s) for s in sessions) <= 7 + 3
+    for idx in minibatch_rows(R, 2, 8):
+        assert float(weights[idx].sum()) == pytest.approx(1.0)
+
+
+def test_mixin_refuses_unsupported_config_before_building_anything():
+    with pytest.raises(UnsupportedConfigError, match="token-sum"):
+        _trainer(_config(loss_agg_mode="seq-mean-token-mean"), _TQ({}))
+
+
+def test_example_alfworld_config_composes_and_passes_checks(monkeypatch):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config_dir = Path(__file__).resolve().parents[1] / "configs" / "verl"
+    first = (config_dir / "alfworld_oma_gigpo.yaml").read_text().splitlines()[0]
+    assert first.startswith("# ") and "python -m verl.trainer.main_ppo" in first and "--config-name=alfworld_oma_gigpo" in first
+    for var in ("ALFWORLD_TRAIN", "ALFWORLD_VAL", "ALFWORLD_AGENT_LOOPS"):
+        monkeypatch.setenv(var, f"/data/{var.lower()}")
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        cfg = compose(config_name="alfworld_oma_gigpo")
+    OmegaConf.resolve(cfg)
+    opts = check_trainer_config(cfg)
+    assert (cfg.algorithm.adv_estimator, cfg.trainer.v1.trainer_mode, opts.accounting, opts.mass) == (
+        "oma_gigpo", "oma_sync", "trajectory", "uniform",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # verl: "Disabled critic as algorithm.adv_estimator != gae"
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+
+
+def test_trainer_side_gigpo_anchors_on_prompts_and_equals_oma_core():
+    from oma.integrations.verl.batch import prompt_anchor_ids
+    from oma.integrations.verl.estimators import terminal_step_rewards
+
+    keys, rewards, mask, g, t, s = session_batch([[3, 2, 4], [2, 3]], [[1, 0, 1], [0, 1]], seed=5)
+    prompts = [torch.tensor([7, 7, int(step) % 2]) for step in s]  # two distinct contexts per group
+    anchor = prompt_anchor_ids(prompts)
+    assert anchor.unique().numel() == 2 and torch.equal(anchor, prompt_anchor_ids([p.tolist() for p in prompts]))
+    cfg = _config().algorithm
+    cfg.adv_estimator = "oma_gigpo"
+    cfg.oma.gamma = 0.9
+    out = compute_oma_batch(rewards, mask, keys, cfg, anchor=anchor)
+    scores = rewards.sum(-1).double()
+    expected = core.gigpo_advantages(scores, terminal_step_rewards(scores, t, s), anchor, g, t, s, gamma=0.9)
+    torch.testing.assert_close(out.advantages, (expected.unsqueeze(-1) * mask).float())
+    with pytest.raises(ValueError, match="anchor"):
+        compute_oma_batch(rewards, mask, keys, cfg)
