@@ -1,0 +1,267 @@
+"""``oma audit FILE|RUN_DIR``: the implicit-weighting audit on the command line (docs/audit.md).
+
+Exit status 0 on success, 2 on unusable input or arguments, with one line on stderr saying what
+is wrong. Output files (``--json``, ``--html``, ``--md``) are written to temporary names and
+renamed into place only after every figure has been computed, so a failure leaves none of them
+half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from oma.diagnostics.io import FORMATS, AuditInputError, parse_col_args, read_batch, run_batches
+
+HELP = "audit the implicit trajectory weighting of a rollout batch (file or run dir)"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block
+        raise AuditInputError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from oma.core import REDUCERS
+
+    p = _Parser(
+        prog="oma audit",
+        description="Reveal how much each outcome, length and group weighs in a stepwise batch under row/trajectory "
+        "outcome accounting x native/aligned mass. Input: a JSONL/CSV/Parquet batch or a run directory "
+        "(RUN/batches/iter_NNNNNN.parquet). See docs/audit.md.",
+    )
+    p.add_argument("path", help="batch file (.jsonl, .csv, .parquet) or run directory")
+    p.add_argument(
+        "--col",
+        action="append",
+        metavar="ROLE=NAME",
+        default=[],
+        help="read ROLE from column NAME, e.g. --col group_id=uid --col traj_id=traj_uid (repeatable); "
+        "--col traj_id=@row makes every row its own trajectory",
+    )
+    p.add_argument("--format", choices=FORMATS, help="file format (default: from the extension)")
+    p.add_argument("--reducer", choices=REDUCERS, default="token-mean", help="native loss reducer (default token-mean)")
+    p.add_argument(
+        "--mass",
+        choices=("uniform", "group"),
+        default="uniform",
+        help="Mass Alignment target of *+aligned (default uniform)",
+    )
+    p.add_argument(
+        "--estimator", choices=("grpo", "rloo", "gigpo"), default="grpo", help="advantage estimator (default grpo)"
+    )
+    p.add_argument("--no-std", action="store_true", help="do not divide advantages by the group std (Dr. GRPO)")
+    p.add_argument("--eps", type=float, default=1e-6, help="epsilon of the std normalisation (default 1e-6)")
+    p.add_argument("--gamma", type=float, default=0.95, help="GiGPO step-return discount (default 0.95)")
+    p.add_argument("--step-advantage-w", type=float, default=1.0, help="GiGPO step-term weight (default 1)")
+    p.add_argument(
+        "--success-threshold",
+        type=float,
+        default=None,
+        help="without a won column: success iff trajectory outcome >= T (default: outcome > 0)",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--iter", type=int, default=None, metavar="N", help="run directory: audit iteration N (default: latest)"
+    )
+    which.add_argument("--all", action="store_true", help="run directory: audit every iteration, one row each")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    p.add_argument("--html", metavar="DIR", help="write DIR/index.html with PNG plots")
+    p.add_argument("--md", metavar="DIR", help="write DIR/report.md with PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no terminal report")
+    return p
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as done:  # --help
+        return int(done.code or 0) if isinstance(done.code, int) else 0
+    except AuditInputError as err:
+        print(f"oma audit: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    import torch
+
+    # The audit is a chain of O(R) passes and sorts: one intra-op thread is as fast on an idle
+    # machine and several times faster on a busy one (no OpenMP hand-offs per small op).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(args)
+    except (ValueError, OSError, TypeError) as err:  # AuditInputError, oma.core's checks, pyarrow, files
+        print(f"oma audit: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_targets(args: argparse.Namespace) -> None:
+    if args.json:
+        target = Path(args.json)
+        if target.is_dir():
+            raise AuditInputError(f"--json {target}: is a directory")
+        if not target.resolve().parent.is_dir():
+            raise AuditInputError(f"--json {target}: directory {target.parent} does not exist")
+    for flag in ("html", "md"):
+        d = getattr(args, flag)
+        if d:
+            d = Path(d)
+            if d.exists() and not d.is_dir():
+                raise AuditInputError(f"--{flag} {d}: exists and is not a directory")
+            if not d.resolve().parent.is_dir():
+                raise AuditInputError(f"--{flag} {d}: parent directory {d.parent} does not exist")
+
+
+def _audit_file(path: Path, args: argparse.Namespace, columns: dict[str, str]):
+    from oma.diagnostics.audit import audit
+
+    b = read_batch(path, columns, fmt=args.format)
+    return audit(
+        b.scores,
+        b.group_index,
+        b.traj_index,
+        response_tokens=b.response_tokens,
+        response_length=b.response_length,
+        step_index=b.step_index,
+        anchor=b.anchor,
+        step_rewards=b.step_rewards,
+        won=b.won,
+        reducer=args.reducer,
+        aligned_mass=args.mass,
+        estimator=args.estimator,
+        norm_by_std=not args.no_std,
+        eps=args.eps,
+        gamma=args.gamma,
+        step_advantage_w=args.step_advantage_w,
+        success_threshold=args.success_threshold,
+        group_labels=b.group_labels,
+        traj_labels=b.traj_labels,
+        source=str(path),
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    columns = parse_col_args(args.col)
+    _check_targets(args)
+    path = Path(args.path)
+    items: list[tuple[int, object]] | None = None
+    if path.is_dir():
+        batches = run_batches(path)
+        if not batches:
+            raise AuditInputError(
+                f"{path} is a directory without batches/iter_NNNNNN.parquet files "
+                "(a run trained with train.dump_batches=true writes them)"
+            )
+        if args.all:
+            items = [(it, _audit_file(p, args, columns)) for it, p in batches]
+            report = items[-1][1]
+        else:
+            chosen = batches[-1]
+            if args.iter is not None:
+                match = [b for b in batches if b[0] == args.iter]
+                if not match:
+                    its = [b[0] for b in batches]
+                    raise AuditInputError(
+                        f"{path} has no batch for iteration {args.iter} "
+                        f"(found {len(its)} iterations, {its[0]}..{its[-1]})"
+                    )
+                chosen = match[0]
+            report = _audit_file(chosen[1], args, columns)
+    else:
+        if args.all or args.iter is not None:
+            raise AuditInputError(f"--iter/--all need a run directory; {path} is not a directory")
+        report = _audit_file(path, args, columns)
+    _write_outputs(args, report, items, path)
+    if not args.quiet:
+        from rich.console import Console
+
+        from oma.diagnostics.report import iterations_section, render_terminal
+
+        console = Console(width=None if sys.stdout.isatty() else 120)
+        render_terminal(report, console, [iterations_section(items)] if items else None)
+    return 0
+
+
+def _json_doc(report, items, path: Path) -> dict:
+    from oma.diagnostics.report import SCHEMA_VERSION
+
+    if items is None:
+        return report.to_dict()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "source": str(path),
+        "iterations": [{"iteration": it, **r.to_dict(per_group=False)} for it, r in items],
+    }
+
+
+def _stage_dir(target: Path, kind: str, report, items, path: Path) -> Path:
+    """Write the whole report into a hidden temporary directory next to ``target``."""
+    stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.resolve().parent))
+    try:
+        _fill_stage(stage, kind, report, items, path)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return stage
+
+
+def _fill_stage(stage: Path, kind: str, report, items, path: Path) -> None:
+    from oma.diagnostics import plots
+    from oma.diagnostics.report import iterations_section, render_html, render_markdown
+
+    images = []
+    extra = None
+    if items:
+        plots.mass_share_over_iterations(items, stage / "mass_share_over_iterations.png")
+        images.append(("Mass share of successes over iterations", "mass_share_over_iterations.png"))
+        extra = [iterations_section(items)]
+    images += plots.batch_plots(report, stage)
+    title = f"{path} ({len(items)} iterations; tables below: the latest)" if items else None
+    if kind == "html":
+        (stage / "index.html").write_text(render_html(report, images, extra, title), encoding="utf-8")
+    else:
+        (stage / "report.md").write_text(render_markdown(report, images, extra, title), encoding="utf-8")
+
+
+def _commit_dir(stage: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(stage, target)
+        return
+    for f in stage.iterdir():
+        os.replace(f, target / f.name)
+    stage.rmdir()
+
+
+def _write_outputs(args: argparse.Namespace, report, items, path: Path) -> None:
+    staged: list[tuple[Path, Path, bool]] = []  # (temporary, target, is_dir)
+    try:
+        if args.json:
+            target = Path(args.json)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.resolve().parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(_json_doc(report, items, path), fh, indent=2, ensure_ascii=False, allow_nan=False)
+                fh.write("\n")
+            staged.append((Path(tmp), target, False))
+        for kind in ("html", "md"):
+            d = getattr(args, kind)
+            if d:
+                staged.append((_stage_dir(Path(d), kind, report, items, path), Path(d), True))
+    except BaseException:
+        for tmp, _, is_dir in staged:
+            shutil.rmtree(tmp, ignore_errors=True) if is_dir else tmp.unlink(missing_ok=True)
+        raise
+    for tmp, target, is_dir in staged:
+        if is_dir:
+            _commit_dir(tmp, target)
+        else:
+            os.replace(tmp, target)

@@ -1,0 +1,554 @@
+"""Batch files for the audit: reading JSONL / CSV / Parquet dumps, writing the trainer's batches.
+
+File format (one row per agent step; see docs/audit.md):
+
+==================  ========  ==========================================================
+column              required  meaning
+==================  ========  ==========================================================
+``group_id``        yes       group (task instance rolled out n times); int or string id
+``traj_id``         yes       trajectory, unique across the batch; int or string id
+``score``           yes       episode outcome stamped on the row (float, finite)
+``response_tokens`` one of    trainable response tokens of the row (int ≥ 0)
+``response_mask``   these     per-row list of 0/1 or booleans (True = trainable token)
+``step``            no        step number inside the trajectory (int)
+``anchor``          no        id of the environment state acted in (int or string; GiGPO)
+``step_reward``     no        the row's own step reward (float; GiGPO)
+``won``             no        episode success (bool or number, nonzero = success)
+==================  ========  ==========================================================
+
+Any column can be read from another name (``columns={"traj_id": "traj_uid"}``; on the command
+line ``--col traj_id=traj_uid``), and ``traj_id=@row`` makes every row its own trajectory
+(single-turn verl batches). String ids (verl's uuid ``uid``) are mapped to int64 codes.
+
+Run directories written by the trainer hold ``RUN/batches/iter_000001.parquet`` (6-digit
+iteration), written by :func:`write_batch`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROLES: tuple[str, ...] = (
+    "group_id",
+    "traj_id",
+    "step",
+    "score",
+    "response_tokens",
+    "response_mask",
+    "anchor",
+    "step_reward",
+    "won",
+)
+"""Logical column names of the audit's input format."""
+
+REQUIRED: tuple[str, ...] = ("group_id", "traj_id", "score")
+
+# Names under which verl / verl-agent batches carry each role: used only to suggest a --col.
+_HINTS: dict[str, tuple[str, ...]] = {
+    "group_id": ("uid", "group_index", "group"),
+    "traj_id": ("traj_uid", "traj_index", "trajectory"),
+    "score": ("episode_rewards", "scores", "reward", "outcome"),
+    "step": ("step_index", "steps"),
+    "response_tokens": ("response_length", "n_tokens"),
+    "anchor": ("anchor_obs",),
+    "step_reward": ("rewards", "step_rewards"),
+    "won": ("success", "is_success"),
+}
+
+ROW_AS_TRAJ = "@row"
+"""Source name meaning "every row is its own trajectory" (``--col traj_id=@row``)."""
+
+FORMATS: tuple[str, ...] = ("jsonl", "csv", "parquet")
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+BATCH_DIR = "batches"
+_BATCH_RE = re.compile(r"^iter_(\d{6,})\.parquet$")
+
+
+class AuditInputError(ValueError):
+    """Unusable audit input. The message is one line naming the column and what was found."""
+
+
+@dataclass(frozen=True)
+class BatchColumns:
+    """One batch read from a file, as arrays ready for :func:`oma.diagnostics.audit`.
+
+    Attributes:
+        group_index: int64 code of each row's group (codes in order of first appearance), [R].
+        traj_index: int64 code of each row's trajectory, [R].
+        scores: float64 [R].
+        response_tokens: int64 trainable tokens per row, [R].
+        response_length: padded length L (longest mask, else most tokens in a row).
+        step_index, anchor, step_rewards, won: optional [R] arrays (int64, int64, float64, bool).
+        group_labels: the original group id of each code, [G].
+        traj_labels: the original trajectory id of each code, [T].
+        source: where the batch came from.
+    """
+
+    group_index: np.ndarray
+    traj_index: np.ndarray
+    scores: np.ndarray
+    response_tokens: np.ndarray
+    response_length: int
+    step_index: np.ndarray | None
+    anchor: np.ndarray | None
+    step_rewards: np.ndarray | None
+    won: np.ndarray | None
+    group_labels: np.ndarray
+    traj_labels: np.ndarray
+    source: str
+
+    @property
+    def rows(self) -> int:
+        return int(self.scores.shape[0])
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+
+def parse_col_args(items: list[str] | None) -> dict[str, str]:
+    """``["traj_id=traj_uid", ...]`` → ``{"traj_id": "traj_uid"}``, validating the role names."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        role, sep, source = item.partition("=")
+        role, source = role.strip(), source.strip()
+        if not sep or not role or not source:
+            raise AuditInputError(f"--col {item!r} is not ROLE=COLUMN (e.g. --col traj_id=traj_uid)")
+        if role not in ROLES:
+            raise AuditInputError(f"--col {item!r}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        out[role] = source
+    return out
+
+
+def detect_format(path: Path, fmt: str | None = None) -> str:
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise AuditInputError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        return fmt
+    found = _EXTENSIONS.get(path.suffix.lower())
+    if found is None:
+        raise AuditInputError(
+            f"cannot tell the format of {path} from its extension {path.suffix!r}; "
+            f"use .jsonl, .csv or .parquet, or pass --format {{{','.join(FORMATS)}}}"
+        )
+    return found
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def read_table(path: str | os.PathLike, fmt: str | None = None, wanted: set[str] | None = None) -> pa.Table:
+    """The file as a pyarrow Table (Parquet: only the ``wanted`` source columns, if given)."""
+    path = Path(path)
+    if not path.exists():
+        raise AuditInputError(f"no such file: {path}")
+    if path.is_dir():
+        raise AuditInputError(f"{path} is a directory, not a batch file")
+    fmt = detect_format(path, fmt)
+    if path.stat().st_size == 0:
+        raise AuditInputError(f"{path} is empty (0 bytes)")
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(path)  # (pq.read_table would import pyarrow.dataset: +0.4 s)
+            names = pf.schema_arrow.names
+            cols = None if wanted is None else [n for n in names if n in wanted]
+            return pf.read(columns=cols)
+        if fmt == "csv":
+            import pyarrow.csv as pcsv
+
+            return pcsv.read_csv(path)
+        import pyarrow.json as pjson
+
+        return pjson.read_json(path)
+    except (pa.ArrowException, OSError) as err:
+        raise AuditInputError(f"cannot read {path} as {fmt}: {_first_line(err)}") from None
+
+
+def read_batch(
+    path: str | os.PathLike, columns: Mapping[str, str] | None = None, *, fmt: str | None = None
+) -> BatchColumns:
+    """Read and validate a batch file (JSONL, CSV or Parquet) into :class:`BatchColumns`.
+
+    Args:
+        path: the file.
+        columns: role → source column name overrides (``{"traj_id": "traj_uid"}``).
+        fmt: ``"jsonl"``, ``"csv"`` or ``"parquet"``; default from the extension.
+
+    Raises:
+        AuditInputError: one line naming the column and what was found (missing or misnamed
+            column, null or NaN values, a trajectory in two groups, an empty file, ...).
+    """
+    mapping = {role: role for role in ROLES}
+    mapping.update(columns or {})
+    table = read_table(path, fmt, set(mapping.values()))
+    return batch_from_table(table, columns, source=str(path))
+
+
+def batch_from_table(
+    table: pa.Table, columns: Mapping[str, str] | None = None, *, source: str = "<table>"
+) -> BatchColumns:
+    """Validate a pyarrow Table in the audit format (see module docstring) into :class:`BatchColumns`."""
+    overrides = dict(columns or {})
+    for role in overrides:
+        if role not in ROLES:
+            raise AuditInputError(f"unknown column role {role!r}; expected one of {', '.join(ROLES)}")
+    names = list(table.column_names)
+    found = ", ".join(names) if names else "no columns"
+    for role, src in overrides.items():
+        if src == ROW_AS_TRAJ and role == "traj_id":
+            continue
+        if src not in names:
+            raise AuditInputError(f"--col {role}={src}: {source} has no column {src!r} (found: {found})")
+
+    def src_of(role: str) -> str | None:
+        src = overrides.get(role, role)
+        return src if (src in names or src == ROW_AS_TRAJ) else None
+
+    for role in REQUIRED:
+        if src_of(role) is None:
+            raise AuditInputError(f"missing column {role!r} in {source} (found: {found}){_hint(role, names)}")
+    tok_src, mask_src = src_of("response_tokens"), src_of("response_mask")
+    if tok_src is None and mask_src is None:
+        hint = _hint("response_tokens", names)
+        raise AuditInputError(
+            f"{source} needs a column 'response_tokens' (count) or 'response_mask' (list per row); found: {found}{hint}"
+        )
+    rows = table.num_rows
+    if rows == 0:
+        raise AuditInputError(f"{source} has no rows")
+
+    def label(role: str) -> str:
+        src = src_of(role)
+        return f"'{role}'" if src == role else f"'{src}' ({role})"
+
+    group_index, group_labels = _ids(table[src_of("group_id")], label("group_id"))
+    if src_of("traj_id") == ROW_AS_TRAJ:
+        traj_index = np.arange(rows, dtype=np.int64)
+        traj_labels = traj_index.copy()
+    else:
+        traj_index, traj_labels = _ids(table[src_of("traj_id")], label("traj_id"))
+    scores = _floats(table[src_of("score")], label("score"))
+    if tok_src is not None:
+        tokens = _counts(table[tok_src], label("response_tokens"))
+        length = int(tokens.max(initial=0))
+    else:
+        tokens, length = _mask_counts(table[mask_src], label("response_mask"))
+    step = _ints(table[src_of("step")], label("step")) if src_of("step") else None
+    anchor = _ids(table[src_of("anchor")], label("anchor"))[0] if src_of("anchor") else None
+    step_rewards = _floats(table[src_of("step_reward")], label("step_reward")) if src_of("step_reward") else None
+    won = _bools(table[src_of("won")], label("won")) if src_of("won") else None
+    check_one_group_per_traj(group_index, traj_index, group_labels, traj_labels, label("traj_id"))
+    if not tokens.any():
+        raise AuditInputError(
+            f"{label('response_tokens' if tok_src else 'response_mask')} has no trainable token in any row"
+        )
+    return BatchColumns(
+        group_index=group_index,
+        traj_index=traj_index,
+        scores=scores,
+        response_tokens=tokens,
+        response_length=max(length, 1),
+        step_index=step,
+        anchor=anchor,
+        step_rewards=step_rewards,
+        won=won,
+        group_labels=group_labels,
+        traj_labels=traj_labels,
+        source=source,
+    )
+
+
+def _hint(role: str, names: list[str]) -> str:
+    for alt in _HINTS.get(role, ()):
+        if alt in names:
+            return f"; use --col {role}={alt}"
+    return f"; use --col {role}=NAME"
+
+
+def _nulls(col: pa.ChunkedArray, what: str) -> None:
+    if col.null_count:
+        first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise AuditInputError(f"column {what} has {col.null_count} null value(s), first at row {first} (0-based)")
+
+
+def _ids(col: pa.ChunkedArray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """int64 codes (order of first appearance) and the original id of each code."""
+    _nulls(col, what)
+    t = col.type
+    if pa.types.is_dictionary(t):
+        col = col.cast(t.value_type)
+        t = col.type
+    if pa.types.is_floating(t):
+        values = col.to_numpy()
+        if not np.all(np.isfinite(values)) or not np.all(values == np.round(values)):
+            raise AuditInputError(f"column {what} must hold integer or string ids, found non-integer {t} values")
+        col = pa.chunked_array([pa.array(values.astype(np.int64))])
+        t = col.type
+    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+        raise AuditInputError(f"column {what} must hold integer or string ids, found {t}")
+    enc = col.combine_chunks().dictionary_encode()
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    labels = enc.dictionary.to_numpy(zero_copy_only=False)
+    return codes, labels
+
+
+def _floats(col: pa.ChunkedArray, what: str) -> np.ndarray:
+    t = col.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+        raise AuditInputError(f"column {what} must be numeric, found {t}")
+    # CSV readers turn "nan" into null, so null, NaN and inf are one complaint
+    values = col.cast(pa.float64()).fill_null(np.nan).to_numpy()
+    bad = ~np.isfinite(values)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise AuditInputError(
+            f"column {what} has {int(bad.sum())} NaN/inf/null value(s), first at row {first} (0-based)"
+        )
+    return values.astype(np.float64, copy=False)
+
+
+def _ints(col: pa.ChunkedArray, what: str) -> np.ndarray:
+    values = _floats(col, what) if not pa.types.is_integer(col.type) else None
+    if values is None:
+        _nulls(col, what)
+        return col.to_numpy().astype(np.int64, copy=False)
+    frac = values != np.round(values)
+    if frac.any():
+        first = int(np.flatnonzero(frac)[0])
+        raise AuditInputError(f"column {what} must hold integers, found {values[first]} at row {first} (0-based)")
+    return values.astype(np.int64)
+
+
+def _counts(col: pa.ChunkedArray, what: str) -> np.ndarray:
+    values = _ints(col, what)
+    neg = values < 0
+    if neg.any():
+        first = int(np.flatnonzero(neg)[0])
+        raise AuditInputError(
+            f"column {what} must be ≥ 0 (a token count), found {values[first]} at row {first} (0-based)"
+        )
+    return values
+
+
+def _mask_counts(col: pa.ChunkedArray, what: str) -> tuple[np.ndarray, int]:
+    """Trainable tokens per row and the longest mask of a list column."""
+    _nulls(col, what)
+    t = col.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        extra = " (CSV cannot hold lists: write a response_tokens count instead)" if pa.types.is_string(t) else ""
+        raise AuditInputError(f"column {what} must be a list of 0/1 or booleans per row, found {t}{extra}")
+    vt = t.value_type
+    if not (pa.types.is_boolean(vt) or pa.types.is_integer(vt) or pa.types.is_null(vt)):
+        raise AuditInputError(f"column {what} must be a list of 0/1 or booleans per row, found list of {vt}")
+    arr = col.combine_chunks()
+    rows = len(arr)
+    if pa.types.is_fixed_size_list(t):
+        offsets = np.arange(rows + 1, dtype=np.int64) * t.list_size + arr.offset * t.list_size
+    else:  # the offsets buffer itself (ListArray.offsets builds a new array)
+        width = np.int64 if pa.types.is_large_list(t) else np.int32
+        offsets = np.frombuffer(arr.buffers()[1], dtype=width)[arr.offset : arr.offset + rows + 1].astype(np.int64)
+    values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
+    if values.null_count:
+        raise AuditInputError(f"column {what} has {values.null_count} null entries inside its lists")
+    if pa.types.is_null(vt) or len(values) == 0:
+        flags = np.zeros(0, dtype=np.uint8)
+    elif pa.types.is_boolean(vt):  # unpack the bitmap directly (to_numpy of a BooleanArray is slow)
+        bits = np.frombuffer(values.buffers()[1], dtype=np.uint8)
+        flags = np.unpackbits(bits, bitorder="little")[values.offset : values.offset + len(values)]
+    else:
+        v = values.to_numpy(zero_copy_only=False)
+        bad = (v != 0) & (v != 1)
+        if bad.any():
+            raise AuditInputError(f"column {what} must hold only 0/1 or booleans, found {v[bad][0]}")
+        flags = v.astype(bool).view(np.uint8)
+    lengths = np.diff(offsets)
+    longest = int(lengths.max(initial=0))
+    if rows and longest and (lengths == longest).all():  # padded masks: one width for every row
+        counts = flags.reshape(rows, longest).sum(axis=1, dtype=np.int64)
+    else:  # Σ of each list's flags from one running sum (offsets are contiguous)
+        running = np.zeros(len(flags) + 1, dtype=np.int32 if len(flags) < 2**31 else np.int64)
+        np.cumsum(flags, out=running[1:])
+        counts = (running[offsets[1:]] - running[offsets[:-1]]).astype(np.int64)
+    return counts, longest
+
+
+def _bools(col: pa.ChunkedArray, what: str) -> np.ndarray:
+    _nulls(col, what)
+    if pa.types.is_boolean(col.type):
+        return col.to_numpy(zero_copy_only=False).astype(bool)
+    return _floats(col, what) != 0
+
+
+def label_of(x: object) -> object:
+    """A plain Python id for messages (numpy scalars print as ``np.int64(3)`` otherwise)."""
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def check_one_group_per_traj(
+    group_index: np.ndarray,
+    traj_index: np.ndarray,
+    group_labels: np.ndarray,
+    traj_labels: np.ndarray,
+    what: str = "'traj_id'",
+) -> None:
+    """Raise AuditInputError naming the first trajectory whose rows carry two group ids."""
+    n_traj = int(traj_index.max(initial=-1)) + 1
+    first_group = np.full(n_traj, -1, dtype=np.int64)
+    # any row's group stands for the trajectory (the last write wins); a disagreeing row exposes a split
+    first_group[traj_index] = group_index
+    split = group_index != first_group[traj_index]
+    if split.any():
+        r = int(np.flatnonzero(split)[0])
+        t = int(traj_index[r])
+        n_bad = int(np.unique(traj_index[split]).shape[0])
+        raise AuditInputError(
+            f"trajectory {label_of(traj_labels[t])!r} (column {what}) lies in two groups, "
+            f"{label_of(group_labels[first_group[t]])!r} and {label_of(group_labels[group_index[r]])!r}; "
+            f"every trajectory must lie in exactly one group ({n_bad} trajectories do not)"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# writing (the trainer hook) and run directories
+
+
+def _as_numpy(name: str, x: object) -> np.ndarray:
+    try:
+        import torch
+
+        if isinstance(x, torch.Tensor):
+            return x.detach().cpu().numpy()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if x is None:
+        raise TypeError(f"{name} is required")
+    return np.asarray(x)
+
+
+def write_batch(
+    path: str | os.PathLike,
+    *,
+    group_index,
+    traj_index,
+    step_index,
+    scores,
+    response_mask,
+    anchor=None,
+    step_rewards=None,
+    won=None,
+) -> Path:
+    """Write one batch as a Parquet file in the audit format, atomically.
+
+    Columns written: ``group_id``, ``traj_id``, ``step`` (int64), ``score`` (float64),
+    ``response_tokens`` (int64, Σ of each row's mask), and when given ``anchor`` (int64),
+    ``step_reward`` (float64), ``won`` (bool). The file appears complete or not at all: it is
+    written to a hidden temporary file in the same directory and renamed into place (parent
+    directories are created). Inputs may be torch tensors or numpy arrays.
+
+    Args:
+        path: target file, by convention ``batch_path(run_dir, iteration)``.
+        group_index, traj_index, step_index: integer [R].
+        scores: float [R], finite.
+        response_mask: bool [R, L], True = trainable token.
+        anchor: integer [R], optional.
+        step_rewards: float [R], optional.
+        won: bool [R] (or 0/1), optional.
+
+    Returns: the path written.
+    """
+    path = Path(path)
+    mask = _as_numpy("response_mask", response_mask)
+    if mask.dtype != np.bool_ or mask.ndim != 2:
+        raise ValueError(
+            f"response_mask must be a bool [R, L] array (True = trainable token), got {mask.dtype} {mask.shape}"
+        )
+    rows = mask.shape[0]
+
+    def ids(name: str, x: object) -> np.ndarray:
+        a = _as_numpy(name, x)
+        if a.ndim != 1 or a.shape[0] != rows or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{name} must be an integer [{rows}] array, got {a.dtype} {a.shape}")
+        return a.astype(np.int64, copy=False)
+
+    def floats(name: str, x: object) -> np.ndarray:
+        a = _as_numpy(name, x)
+        if (
+            a.ndim != 1
+            or a.shape[0] != rows
+            or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer))
+        ):
+            raise ValueError(f"{name} must be a float [{rows}] array, got {a.dtype} {a.shape}")
+        a = a.astype(np.float64, copy=False)
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} has {int((~np.isfinite(a)).sum())} NaN/inf value(s)")
+        return a
+
+    data: dict[str, np.ndarray] = {
+        "group_id": ids("group_index", group_index),
+        "traj_id": ids("traj_index", traj_index),
+        "step": ids("step_index", step_index),
+        "score": floats("scores", scores),
+        "response_tokens": mask.sum(axis=1, dtype=np.int64),
+    }
+    if anchor is not None:
+        data["anchor"] = ids("anchor", anchor)
+    if step_rewards is not None:
+        data["step_reward"] = floats("step_rewards", step_rewards)
+    if won is not None:
+        w = _as_numpy("won", won)
+        if w.ndim != 1 or w.shape[0] != rows:
+            raise ValueError(f"won must be a [{rows}] array, got {w.dtype} {w.shape}")
+        data["won"] = w.astype(bool)
+    table = pa.table(data)
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def batch_path(run_dir: str | os.PathLike, iteration: int) -> Path:
+    """``RUN/batches/iter_000001.parquet``: where the trainer writes iteration ``iteration``'s batch."""
+    if int(iteration) < 0:
+        raise ValueError(f"iteration must be ≥ 0, got {iteration}")
+    return Path(run_dir) / BATCH_DIR / f"iter_{int(iteration):06d}.parquet"
+
+
+def run_batches(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(iteration, path)`` of every batch of a run directory, by iteration (empty if none)."""
+    folder = Path(run_dir) / BATCH_DIR
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.iterdir():
+        m = _BATCH_RE.match(p.name)
+        if m and p.is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)

@@ -1,0 +1,113 @@
+"""PNG plots of an audit (matplotlib, Agg canvas; no pyplot global state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from oma.diagnostics.audit import AuditReport
+
+SUCCESS_COLOR, FAILURE_COLOR = "#2a9d4b", "#d1495b"
+ACC_COLORS = {
+    "row+native": "#555555",
+    "row+aligned": "#8ab6d6",
+    "trajectory+native": "#e9a03b",
+    "trajectory+aligned": "#1f5fa8",
+}
+
+
+def _figure(width: float = 6.4, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def rows_histogram(r: AuditReport, path: Path) -> None:
+    """Rows per trajectory, successes and failures overlaid."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    k = np.asarray(r.traj_rows)
+    top = int(k.max())
+    bins = np.arange(0.5, top + 1.5) if top <= 100 else np.linspace(0.5, top + 0.5, 51)
+    for mask, label, color in ((r.traj_success, "success", SUCCESS_COLOR), (~r.traj_success, "failure", FAILURE_COLOR)):
+        if mask.any():
+            ax.hist(k[mask], bins=bins, alpha=0.6, color=color, label=f"{label} ({int(mask.sum())})")
+    ax.set_xlabel("rows (steps) per trajectory")
+    ax.set_ylabel("trajectories")
+    ax.set_title("Rows per trajectory by outcome")
+    ax.legend()
+    _save(fig, path)
+
+
+def mass_share_bars(r: AuditReport, path: Path) -> None:
+    """Objective-mass share of successes / failures per accounting, longest 10% as a marker."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    names = list(r.accountings)
+    x = np.arange(len(names))
+    s = np.array([r.accountings[n].mass_share_success for n in names])
+    f = np.array([r.accountings[n].mass_share_failure for n in names])
+    lo = np.array([r.accountings[n].mass_share_longest10 for n in names])
+    ax.bar(x, s, color=SUCCESS_COLOR, label="successes")
+    ax.bar(x, f, bottom=s, color=FAILURE_COLOR, label="failures")
+    ax.scatter(x, lo, marker="D", color="black", zorder=3, label="longest 10%")
+    for xi, si in zip(x, s, strict=True):
+        ax.text(xi, si / 2, f"{100 * si:.0f}%", ha="center", va="center", color="white", fontsize=9)
+    ax.set_xticks(x, [n.replace("+", "\n") for n in names])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of objective mass")
+    ax.set_title(f"Objective mass by outcome ({r.reducer}; aligned = {r.aligned_mass})")
+    ax.legend(loc="upper right", fontsize=8)
+    _save(fig, path)
+
+
+def mu_shift(r: AuditReport, path: Path) -> None:
+    """Per-group μ_row − μ_traj against μ_traj."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    shift = r.mu_row - r.mu_traj
+    ax.axhline(0.0, color="#999999", lw=0.8)
+    ax.scatter(r.mu_traj, shift, s=12 if r.groups > 200 else 30, alpha=0.7, color="#1f5fa8")
+    ax.set_xlabel("μ_traj (trajectory accounting)")
+    ax.set_ylabel("μ_row − μ_traj")
+    ax.set_title(f"Per-group baseline shift of row accounting (mean {shift.mean():+.3g})")
+    _save(fig, path)
+
+
+def mass_share_over_iterations(items: list[tuple[int, AuditReport]], path: Path) -> None:
+    """Mass share of successes per accounting across a run's iterations."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    its = [it for it, _ in items]
+    for name, color in ACC_COLORS.items():
+        ax.plot(its, [r.accountings[name].mass_share_success for _, r in items], marker="o", color=color, label=name)
+    ax.plot(its, [r.successes / r.trajectories for _, r in items], ls="--", color="black", label="success rate")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("mass share of successes")
+    ax.set_title("Objective mass of successes over iterations")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def batch_plots(r: AuditReport, folder: Path) -> list[tuple[str, str]]:
+    """Write the three batch plots into ``folder``; returns (caption, file name) pairs."""
+    out = [
+        ("Rows per trajectory by outcome", "rows_per_trajectory.png", rows_histogram),
+        ("Objective-mass share per accounting", "mass_share.png", mass_share_bars),
+        ("Per-group μ shift (row − trajectory accounting)", "mu_shift.png", mu_shift),
+    ]
+    for _, name, fn in out:
+        fn(r, folder / name)
+    return [(c, n) for c, n, _ in out]
