@@ -13,7 +13,9 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+
+from .options import describe, parse_options
 
 Info = dict[str, Any]
 """``info`` of ``reset``/``step``: always ``admissible_actions`` (list[str]), ``won`` (bool) and
@@ -52,21 +54,28 @@ Effect = Callable[[], str]
 """What an admissible action does: changes the state and returns the observation."""
 
 
-class EpisodeEnv(ABC):
+W = TypeVar("W")
+
+
+class EpisodeEnv(ABC, Generic[W]):
     """Episode bookkeeping for the built-in environments.
 
-    Subclasses generate a world in :meth:`_generate`, list the admissible actions of the current
-    state with their effects in :meth:`_admissible`, and end an episode from inside an effect
-    with :meth:`_finish`. Admissible actions are computed once per state change, so a policy
-    that reads ``info["admissible_actions"]`` costs no extra work.
+    Subclasses draw a world in :meth:`_draw` and set it up in :meth:`_start`, list the
+    admissible actions of the current state with their effects in :meth:`_admissible`, and end
+    an episode from inside an effect with :meth:`_finish`. Admissible actions are computed once
+    per state change, so a policy that reads ``info["admissible_actions"]`` costs no extra work.
+    Worlds the expert cannot solve within ``expert_step_bound`` steps are redrawn, so with a
+    step cap at least that large every task can be won.
     """
 
     name: ClassVar[str]
-    invalid_observation: ClassVar[str] = "Nothing happens."
+    options_class: ClassVar[type[Any]]  # a frozen dataclass with ``max_steps``; see options.py
+    expert_step_bound: ClassVar[int]
 
-    def __init__(self, max_steps: int, options_key: str) -> None:
-        self.max_steps = max_steps
-        self._options_key = options_key
+    def __init__(self, **options: object) -> None:
+        self.options = parse_options(self.options_class, self.name, options)
+        self.max_steps: int = self.options.max_steps
+        self._options_key = describe(self.options)
         self._seed: int | None = None
         self._steps = 0
         self._over = True
@@ -81,9 +90,15 @@ class EpisodeEnv(ABC):
     def reset(self, seed: int) -> tuple[str, Info]:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"{self.name}: seed must be an int; got {seed!r}")
+        rng = random.Random(seed)
+        while True:  # redraw the rare worlds the expert cannot solve within its step bound
+            world = self._draw(rng)
+            self._start(world)
+            if self._expert_solves_within(self.expert_step_bound):
+                break
+        self._task, observation = self._start(world)
         self._seed, self._steps, self._over = seed, 0, False
         self._won, self._reward, self._terminated = False, 0.0, False
-        self._task, observation = self._generate(random.Random(seed))
         self._actions = self._admissible()
         return observation, self._info()
 
@@ -116,8 +131,12 @@ class EpisodeEnv(ABC):
     # --- for subclasses ---------------------------------------------------------------------
 
     @abstractmethod
-    def _generate(self, rng: random.Random) -> tuple[str, str]:
-        """Build the task instance from ``rng``; return ``(task text, first observation)``."""
+    def _draw(self, rng: random.Random) -> W:
+        """Draw a world (layout, goal and start state) from ``rng`` alone."""
+
+    @abstractmethod
+    def _start(self, world: W) -> tuple[str, str]:
+        """Put ``world`` in its start state; return ``(task text, first observation)``."""
 
     @abstractmethod
     def _admissible(self) -> dict[str, Effect]:
@@ -131,8 +150,18 @@ class EpisodeEnv(ABC):
     def _state_key(self) -> str:
         """Everything that defines the current state, as a canonical string."""
 
+    def _expert_solves_within(self, bound: int) -> bool:
+        """Run the expert from the start state (``reset`` rewinds it afterwards)."""
+        self._won = self._terminated = False
+        for _ in range(bound):
+            self._admissible()[self._expert()]()
+            if self._terminated:
+                return self._won
+        return False
+
     def _invalid_observation(self) -> str:
-        return self.invalid_observation
+        """What an invalid action shows (ALFWorld's words)."""
+        return "Nothing happens."
 
     def _finish(self, reward: float, won: bool) -> None:
         """End the episode from inside an effect (the step returns ``terminated=True``)."""
@@ -145,7 +174,8 @@ class EpisodeEnv(ABC):
         if self._seed is None:
             raise RuntimeError(f"{self.name}: call reset(seed) before step() or expert_action()")
         if self._over:
-            how = "terminated" if self._terminated else f"truncated at the {self.max_steps}-step cap"
+            cap = f"truncated at the {self.max_steps}-step cap"
+            how = "terminated" if self._terminated else cap
             raise RuntimeError(
                 f"{self.name}: the episode of seed {self._seed} is over ({how}); "
                 "call reset(seed) to start another"

@@ -1,6 +1,6 @@
 """``household``: an ALFWorld-like home in text, generated per seed.
 
-A home is a chain of rooms (kitchen, bathroom, bedroom, living room); each room holds numbered
+A home is a chain of rooms (kitchen, bathroom, bedroom, ...); each room holds numbered
 receptacles (``cabinet 2``, ``fridge 1``), some of which open and close, and objects lie in them.
 The agent sees only the room it is in, or the receptacle it stands at, and carries one object.
 Goals follow ALFWorld's six task types: put an object somewhere, put two, clean/heat/cool it
@@ -17,7 +17,7 @@ from functools import partial
 from typing import Literal
 
 from .base import Effect, EpisodeEnv
-from .options import describe, parse_options
+from .sampling import pick, sample, shuffle
 
 GoalKind = Literal["place", "two", "clean", "heat", "cool", "examine"]
 Size = Literal["small", "medium", "large", "mixed"]
@@ -29,15 +29,18 @@ GOAL_KINDS: tuple[GoalKind, ...] = ("place", "two", "clean", "heat", "cool", "ex
 
 @dataclass(frozen=True)
 class HouseholdOptions:
-    """Knobs of ``household`` (see docs/envs.md for their measured effect on coupling).
+    """Knobs of ``household`` (docs/envs.md has their measured effect on coupling).
 
-    * ``max_steps``: step cap. Every failure lasts exactly this long, so it sets the
-      failure/success length ratio; a larger cap also lets noisy policies recover more often.
-    * ``size``: rooms (2/3/4) and how many optional receptacles they get; larger homes mean
-      longer expert paths and more ways to wander. ``mixed`` draws one per seed.
-    * ``distractors``: extra objects (about one per three receptacles, or one per receptacle);
-      more objects mean more ``take`` actions to get wrong. ``mixed`` draws one per seed.
-    * ``goals``: the goal kinds drawn from (one per seed, uniformly).
+    * ``max_steps``: step cap. Every failure lasts exactly this long, so it sets the failure
+      length; a larger cap also lets noisy policies recover more often. Worlds do not depend on
+      it: with a cap below 30 (the expert's bound) some tasks cannot be won.
+    * ``size``: rooms (3/4/6) and the share of optional receptacles they get (30/50/70%);
+      larger homes mean longer searches and deliveries. ``mixed`` draws one per seed.
+    * ``distractors``: extra objects (about one per three receptacles, or one per receptacle):
+      longer observations and more ``take`` actions to choose among; little effect on a noisy
+      expert. ``mixed`` draws one per seed.
+    * ``goals``: the goal kinds drawn from (one per seed, uniformly): ``place`` and ``examine``
+      are short, ``two`` and the transforms long.
     """
 
     max_steps: int = field(default=30, metadata={"min": 1})
@@ -99,18 +102,18 @@ RECEPTACLES = {
 ROOMS = (
     RoomKind(
         "kitchen",
-        ("countertop", "cabinet", "fridge", "microwave", "sinkbasin"),
-        ("cabinet", "drawer", "diningtable", "shelf", "garbagecan", "countertop"),
+        ("cabinet", "countertop", "drawer", "fridge", "microwave", "sinkbasin"),
+        ("cabinet", "cabinet", "cabinet", "drawer", "drawer", "countertop", "shelf", "garbagecan"),
     ),
     RoomKind(
         "bathroom",
-        ("sinkbasin", "countertop", "toilet"),
-        ("cabinet", "drawer", "towelholder", "bathtubbasin", "garbagecan"),
+        ("cabinet", "countertop", "sinkbasin", "toilet"),
+        ("cabinet", "drawer", "drawer", "towelholder", "bathtubbasin", "garbagecan"),
     ),
     RoomKind(
         "bedroom",
         ("bed", "desk"),
-        ("drawer", "dresser", "shelf", "safe", "garbagecan", "drawer"),
+        ("drawer", "drawer", "drawer", "dresser", "shelf", "safe", "garbagecan"),
         lamp=("desklamp", "desk"),
     ),
     RoomKind(
@@ -122,21 +125,25 @@ ROOMS = (
     RoomKind(
         "office",
         ("desk", "shelf"),
-        ("drawer", "drawer", "safe", "cabinet", "garbagecan", "armchair"),
+        ("drawer", "drawer", "drawer", "safe", "cabinet", "garbagecan", "armchair"),
         lamp=("desklamp", "desk"),
     ),
     RoomKind(
         "diningroom",
         ("diningtable", "cabinet"),
-        ("shelf", "sidetable", "cabinet", "countertop", "garbagecan"),
+        ("cabinet", "cabinet", "shelf", "sidetable", "countertop", "garbagecan"),
     ),
 )
 
 _ALL: tuple[Transform, ...] = ("clean", "heat", "cool")
 OBJECTS = (
-    *(ObjectKind(n, ("kitchen",), _ALL) for n in ("apple", "tomato", "potato", "lettuce", "egg")),
-    ObjectKind("bread", ("kitchen",), _ALL),
-    *(ObjectKind(n, ("kitchen", "diningroom"), _ALL) for n in ("mug", "cup", "plate", "bowl")),
+    *(ObjectKind(n, ("kitchen",), _ALL) for n in ("potato", "lettuce", "egg")),
+    *(ObjectKind(n, ("kitchen", "diningroom"), _ALL) for n in ("apple", "tomato", "bread")),
+    *(ObjectKind(n, ("kitchen", "diningroom"), _ALL) for n in ("plate", "bowl")),
+    *(
+        ObjectKind(n, ("kitchen", "diningroom", "livingroom", "office"), _ALL)
+        for n in ("mug", "cup")
+    ),
     *(ObjectKind(n, ("kitchen",), ("clean", "cool")) for n in ("pan", "pot")),
     ObjectKind("spatula", ("kitchen",), ("clean",)),
     *(ObjectKind(n, ("kitchen", "diningroom"), ("clean",)) for n in ("knife", "fork", "spoon")),
@@ -154,11 +161,14 @@ OBJECTS = (
 )
 
 _ROOM_COUNT = {"small": 3, "medium": 4, "large": 6}
-_OPTIONAL_SHARE = {"small": 0.2, "medium": 0.45, "large": 0.7}
+_OPTIONAL_SHARE = {"small": 0.3, "medium": 0.5, "large": 0.7}
 _OBJECTS_PER_RECEPTACLE = {"few": 1 / 3, "many": 1.0}
+_PUT_AWAY_SHARE = 0.6  # objects that start in a closed receptacle (where their room has one)
 _STATE_BIT = {"clean": 1, "heat": 2, "cool": 4}
 _STATE_WORD = {"clean": "clean", "heat": "hot", "cool": "cool"}
 _NOWHERE = -1  # "at" value in the middle of a room; "holding"/object location when in hand
+EXPERT_STEP_BOUND = 30
+"""Homes whose goal the expert cannot reach within this many steps are redrawn (see docs)."""
 
 
 @dataclass(frozen=True)
@@ -201,15 +211,15 @@ def generate_home(rng: random.Random, options: HouseholdOptions) -> Home:
     The goal is drawn first and the home is built so that it is solvable: the rooms it needs are
     present, enough goal objects exist, and none starts where the goal wants it.
     """
-    size = rng.choice(("small", "medium", "large")) if options.size == "mixed" else options.size
-    level = rng.choice(("few", "many")) if options.distractors == "mixed" else options.distractors
-    kind: GoalKind = rng.choice(options.goals)
+    size = pick(rng, ("small", "medium", "large")) if options.size == "mixed" else options.size
+    level = pick(rng, ("few", "many")) if options.distractors == "mixed" else options.distractors
+    kind = pick(rng, options.goals)
 
-    others = rng.sample(ROOMS[1:], _ROOM_COUNT[size] - 1)
+    others = sample(rng, ROOMS[1:], _ROOM_COUNT[size] - 1)
     if kind == "examine" and not any(r.lamp for r in others):
-        others[0] = rng.choice([r for r in ROOMS if r.lamp])
+        others[0] = pick(rng, [r for r in ROOMS if r.lamp])
     room_kinds = [ROOMS[0], *others]
-    rng.shuffle(room_kinds)
+    shuffle(rng, room_kinds)
     rooms = [r.name for r in room_kinds]
 
     numbered: dict[str, int] = {}
@@ -232,16 +242,29 @@ def generate_home(rng: random.Random, options: HouseholdOptions) -> Home:
             recep_lamp.append(lamp)
 
     goal = _draw_goal(rng, kind, rooms, recep_kind, recep_lamp)
-    start_room = rng.randrange(len(rooms))
+    start_room = pick(rng, range(len(rooms)))
     home = Home(rooms, recep_name, recep_kind, recep_room, recep_lamp, [], [], [], start_room, goal)
 
-    goal_count = (2 if kind == "two" else 1) + (rng.random() < 0.5)
+    spots: dict[str, tuple[list[int], list[int]]] = {}  # per object kind: anywhere, closed
+
+    def place(kind: ObjectKind, avoid: str) -> None:
+        """Add an object of ``kind``; half of them start put away where their room allows."""
+        if kind.name not in spots:
+            anywhere = starting_spots(home, kind, avoid)
+            spots[kind.name] = anywhere, [r for r in anywhere if recep_kind[r].openable]
+        anywhere, closed = spots[kind.name]
+        number = home.obj_kind.count(kind.name) + 1
+        home.obj_name.append(f"{kind.name} {number}")
+        home.obj_kind.append(kind.name)
+        put_away = closed and rng.random() < _PUT_AWAY_SHARE
+        home.obj_loc.append(pick(rng, closed if put_away else anywhere))
+
     goal_kind = next(o for o in OBJECTS if o.name == goal.obj)
-    for _ in range(goal_count):
-        _place(rng, home, goal_kind, avoid=goal.recep)
+    for _ in range(2 if kind == "two" else 1):
+        place(goal_kind, avoid=goal.recep)
     candidates = [o for o in OBJECTS if o.name != goal.obj and set(o.rooms) & set(rooms)]
     for _ in range(max(2, round(len(recep_name) * _OBJECTS_PER_RECEPTACLE[level]))):
-        _place(rng, home, rng.choice(candidates), avoid="")
+        place(pick(rng, candidates), avoid="")
     return home
 
 
@@ -254,17 +277,17 @@ def _draw_goal(
 ) -> Goal:
     present = [o for o in OBJECTS if set(o.rooms) & set(rooms)]
     if kind == "examine":
-        obj = rng.choice([o for o in present if o.examinable]).name
-        lamp = rng.choice(sorted({_kind_of(lamp) for lamp in recep_lamp if lamp}))
+        obj = pick(rng, [o for o in present if o.examinable]).name
+        lamp = pick(rng, sorted({_kind_of(lamp) for lamp in recep_lamp if lamp}))
         return Goal(kind, obj, "", lamp, f"look at {obj} under the {lamp}.")
     if kind in _STATE_BIT:
-        obj = rng.choice([o for o in present if kind in o.transforms]).name
+        obj = pick(rng, [o for o in present if kind in o.transforms]).name
     else:
-        obj = rng.choice(present).name
+        obj = pick(rng, present).name
     targets = sorted(
         {k.name for k in recep_kind if k.transform is None or k.transform != kind} - {"garbagecan"}
     )
-    recep = rng.choice(targets)
+    recep = pick(rng, targets)
     where = "in" if RECEPTACLES[recep].inside else "on"
     if kind == "two":
         text = f"put two {obj} {where} {recep}."
@@ -275,20 +298,18 @@ def _draw_goal(
     return Goal(kind, obj, recep, "", text)
 
 
-def _place(rng: random.Random, home: Home, kind: ObjectKind, avoid: str) -> None:
-    """Add one object of ``kind`` to a receptacle of a room it belongs in (not of kind ``avoid``)."""
-    food = bool({"heat", "cool"} & set(kind.transforms))
-    spots = [
+def starting_spots(home: Home, kind: ObjectKind, avoid: str) -> list[int]:
+    """The receptacles an object of ``kind`` may start in: in a room it belongs in, not of kind
+    ``avoid``, and fridges and microwaves only for food and dishes. Also the expert's common
+    sense of where to look."""
+    food = "heat" in kind.transforms or "cool" in kind.transforms
+    return [
         r
-        for r, rk in enumerate(home.recep_kind)
+        for r, recep in enumerate(home.recep_kind)
         if home.rooms[home.recep_room[r]] in kind.rooms
-        and rk.name != avoid
-        and (food or not rk.food_only)
+        and recep.name != avoid
+        and (food or not recep.food_only)
     ]
-    number = sum(1 for k in home.obj_kind if k == kind.name) + 1
-    home.obj_name.append(f"{kind.name} {number}")
-    home.obj_kind.append(kind.name)
-    home.obj_loc.append(rng.choice(spots))
 
 
 def _kind_of(name: str) -> str:
@@ -308,7 +329,7 @@ def _listing(names: list[str]) -> str:
 # --- the environment -------------------------------------------------------------------------
 
 
-class HouseholdEnv(EpisodeEnv):
+class HouseholdEnv(EpisodeEnv[Home]):
     """ALFWorld-like household tasks; see the module docstring and docs/envs.md.
 
     Reward is 1 at the step that completes the goal (then ``terminated``), 0 otherwise; an
@@ -316,37 +337,41 @@ class HouseholdEnv(EpisodeEnv):
     """
 
     name = "household"
-
-    def __init__(self, **options: object) -> None:
-        self.options = parse_options(HouseholdOptions, self.name, options)
-        super().__init__(self.options.max_steps, describe(self.options))
+    options_class = HouseholdOptions
+    expert_step_bound = EXPERT_STEP_BOUND
+    options: HouseholdOptions
 
     # --- generation and state ---
 
-    def _generate(self, rng: random.Random) -> tuple[str, str]:
-        home = generate_home(rng, self.options)
-        self._home = home
-        self._goal = home.goal
-        n_receps = len(home.recep_name)
+    def _draw(self, rng: random.Random) -> Home:
+        return generate_home(rng, self.options)
+
+    def _start(self, home: Home) -> tuple[str, str]:
+        self._home, self._goal = home, home.goal
+        n_rooms, n_receps = len(home.rooms), len(home.recep_name)
         self._room_receps = [
-            [r for r in range(n_receps) if home.recep_room[r] == i] for i in range(len(home.rooms))
+            [r for r in range(n_receps) if home.recep_room[r] == i] for i in range(n_rooms)
         ]
-        self._by_kind: dict[str, list[int]] = {}
-        for r, kind in enumerate(home.recep_kind):
-            self._by_kind.setdefault(kind.name, []).append(r)
-        self._lamps = [
-            r for r in range(n_receps) if _kind_of(home.recep_lamp[r]) == self._goal.lamp
+        self._exits = [[j for j in (i - 1, i + 1) if 0 <= j < n_rooms] for i in range(n_rooms)]
+        self._room_text = [self._describe_room(i) for i in range(n_rooms)]
+        kind = next(o for o in OBJECTS if o.name == self._goal.obj)
+        self._goal_objects = [o for o, k in enumerate(home.obj_kind) if k == kind.name]
+        self._hiding_places = starting_spots(home, kind, self._goal.recep)
+        if self._goal.kind == "examine":
+            self._targets = [
+                r for r, lamp in enumerate(home.recep_lamp) if _kind_of(lamp) == self._goal.lamp
+            ]
+        else:
+            self._targets = [r for r, k in enumerate(home.recep_kind) if k.name == self._goal.recep]
+        self._appliances = [
+            r for r, k in enumerate(home.recep_kind) if k.transform == self._goal.kind
         ]
-        self._exits = [
-            [j for j in (i - 1, i + 1) if 0 <= j < len(home.rooms)] for i in range(len(home.rooms))
-        ]
-        self._room_text = [self._describe_room(i) for i in range(len(home.rooms))]
-        self._goal_objects = [o for o, k in enumerate(home.obj_kind) if k == self._goal.obj]
 
         self._room, self._at, self._holding = home.start_room, _NOWHERE, _NOWHERE
         self._obj_loc = list(home.obj_loc)
         self._obj_state = [0] * len(home.obj_loc)
         self._is_open = [not k.openable for k in home.recep_kind]
+        self._seen = [False] * n_receps
         self._contents: list[list[int]] = [[] for _ in range(n_receps)]
         for o, r in enumerate(self._obj_loc):
             self._contents[r].append(o)
@@ -360,6 +385,7 @@ class HouseholdEnv(EpisodeEnv):
         return f"the {home.rooms[i]}. Looking quickly around you, you see {receps}. Exits: {exits}."
 
     def _state_key(self) -> str:
+        """The physical state. What the agent has seen so far is its history, not the state."""
         opened = "".join("1" if o else "0" for o in self._is_open)
         placed = ",".join(map(str, self._obj_loc))
         states = "".join(map(str, self._obj_state))
@@ -420,19 +446,16 @@ class HouseholdEnv(EpisodeEnv):
         r, o = self._at, self._holding
         self._contents[r].append(o)
         self._obj_loc[o], self._holding = r, _NOWHERE
-        if self._placed_goal_objects() >= (2 if self._goal.kind == "two" else 1):
+        if sum(map(self._delivered, self._goal_objects)) >= (2 if self._goal.kind == "two" else 1):
             self._finish(1.0, won=True)
         return f"You put the {self._home.obj_name[o]} in/on the {self._home.recep_name[r]}."
 
-    def _placed_goal_objects(self) -> int:
-        goal = self._goal
-        if goal.kind == "examine":
-            return 0
-        return sum(
-            1
-            for o in self._goal_objects
-            if self._obj_loc[o] != _NOWHERE
-            and self._home.recep_kind[self._obj_loc[o]].name == goal.recep
+    def _delivered(self, o: int) -> bool:
+        """Whether goal object ``o`` lies in a target receptacle in the wanted state."""
+        goal, loc = self._goal, self._obj_loc[o]
+        return (
+            loc != _NOWHERE
+            and self._home.recep_kind[loc].name == goal.recep
             and self._obj_state[o] & goal.state_bit == goal.state_bit
         )
 
@@ -448,10 +471,9 @@ class HouseholdEnv(EpisodeEnv):
         return f"You {transform} the {names[0]} using the {names[1]}."
 
     def _use_lamp(self) -> str:
-        lamp = self._home.recep_lamp[self._at]
-        held = self._holding
-        if self._goal.kind == "examine" and _kind_of(lamp) == self._goal.lamp:
-            if held != _NOWHERE and self._home.obj_kind[held] == self._goal.obj:
+        lamp, held = self._home.recep_lamp[self._at], self._holding
+        if _kind_of(lamp) == self._goal.lamp and held != _NOWHERE:
+            if self._home.obj_kind[held] == self._goal.obj:
                 self._finish(1.0, won=True)
         return f"You turn on the {lamp}."
 
@@ -471,59 +493,53 @@ class HouseholdEnv(EpisodeEnv):
         return f"You are carrying: a {self._home.obj_name[o]}{state}."
 
     def _view(self, r: int) -> str:
-        """What is visible at receptacle ``r``: nothing inside a closed one."""
+        """What is visible at receptacle ``r`` (nothing inside a closed one); marks it seen."""
         home = self._home
         name = home.recep_name[r]
+        if not self._is_open[r]:
+            return f"The {name} is closed."
+        self._seen[r] = True
         things = [home.obj_name[o] for o in self._contents[r]]
         if home.recep_lamp[r]:
             things.insert(0, home.recep_lamp[r])
         if not home.recep_kind[r].openable:
             return f"On the {name}, you see {_listing(things)}."
-        if not self._is_open[r]:
-            return f"The {name} is closed."
         return f"The {name} is open. In it, you see {_listing(things)}."
 
     # --- the expert ---
 
     def _expert(self) -> str:
-        """Fetch the nearest usable goal object, transform it if needed, deliver it.
+        """Search like a person who knows the home but not where things are, then deliver.
 
-        Works from any state (it first puts down a wrong object in hand), so noisy experts
-        recover; no state of this world is a dead end.
+        It looks for the goal object only where such objects start (common sense), nearest
+        receptacle first, remembers what it has seen, puts down a wrong object in hand first,
+        and never needs a particular history, so noisy experts recover. No state is a dead end.
         """
         home, goal, held = self._home, self._goal, self._holding
         if held != _NOWHERE and home.obj_kind[held] != goal.obj:
-            return self._put_down()
+            here = self._at
+            if here == _NOWHERE:
+                here = self._nearest(self._room_receps[self._room])
+            return self._reach(here) or f"put {home.obj_name[held]} in/on {self._here()}"
         if held == _NOWHERE:
-            wanted = [o for o in self._goal_objects if not self._delivered(o)]
-            o = min(wanted, key=lambda o: (self._cost(self._obj_loc[o]), o))
+            known = [
+                o
+                for o in self._goal_objects
+                if self._seen[self._obj_loc[o]] and not (goal.kind == "two" and self._delivered(o))
+            ]
+            if not known:
+                unseen = [r for r in self._hiding_places if not self._seen[r]]
+                return self._reach(self._nearest(unseen))
+            o = min(known, key=lambda o: (self._cost(self._obj_loc[o]), o))
             return self._reach(self._obj_loc[o]) or f"take {home.obj_name[o]} from {self._here()}"
-        if goal.kind == "examine":
-            lamp = self._nearest(self._lamps)
-            return self._reach(lamp) or f"use {home.recep_lamp[lamp]}"
         bit = goal.state_bit
         if self._obj_state[held] & bit != bit:
-            appliances = [
-                r for r, k in enumerate(home.recep_kind) if k.transform == goal.kind
-            ]
-            at = self._reach(self._nearest(appliances), need_open=False)
+            at = self._reach(self._nearest(self._appliances), need_open=False)
             return at or f"{goal.kind} {home.obj_name[held]} with {self._here()}"
-        target = self._nearest(self._by_kind[goal.recep])
+        target = self._nearest(self._targets)
+        if goal.kind == "examine":
+            return self._reach(target) or f"use {home.recep_lamp[target]}"
         return self._reach(target) or f"put {home.obj_name[held]} in/on {self._here()}"
-
-    def _put_down(self) -> str:
-        """Put a wrong object down where we stand, or at the handiest receptacle of the room."""
-        r = self._at if self._at != _NOWHERE else self._nearest(self._room_receps[self._room])
-        return self._reach(r) or f"put {self._home.obj_name[self._holding]} in/on {self._here()}"
-
-    def _delivered(self, o: int) -> bool:
-        """For the two-object goal, an object already in a target receptacle stays there."""
-        loc = self._obj_loc[o]
-        return (
-            self._goal.kind == "two"
-            and loc != _NOWHERE
-            and self._home.recep_kind[loc].name == self._goal.recep
-        )
 
     def _reach(self, r: int, need_open: bool = True) -> str:
         """The next action towards standing at ``r`` (opened), or "" when already there."""
@@ -540,10 +556,7 @@ class HouseholdEnv(EpisodeEnv):
 
     def _cost(self, r: int) -> int:
         """Steps to stand at ``r`` with it open (rooms form a chain)."""
-        if self._at == r:
-            distance = 0
-        else:
-            distance = abs(self._home.recep_room[r] - self._room) + 1
+        distance = 0 if self._at == r else abs(self._home.recep_room[r] - self._room) + 1
         return distance + (0 if self._is_open[r] else 1)
 
     def _nearest(self, receps: list[int]) -> int:

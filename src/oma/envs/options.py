@@ -45,7 +45,8 @@ def _check(where: str, hint: Any, value: Any, metadata: Mapping[str, Any]) -> An
         return value
     if hint is int:
         low = metadata.get("min", None)
-        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+        too_low = low is not None and isinstance(value, int) and value < low
+        if isinstance(value, bool) or not isinstance(value, int) or too_low:
             bound = f" >= {low}" if low is not None else ""
             raise ValueError(f"{where} must be an integer{bound}; got {value!r}")
         return value

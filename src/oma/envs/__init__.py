@@ -1,0 +1,28 @@
+"""Text environments for multi-turn agent training, with measurable length–outcome coupling.
+
+* ``make(name, **options)`` builds one of ``names()`` (``household``: ALFWorld-like, failures
+  run to the step cap; ``shop``: WebShop-like, wrong purchases end episodes early). Everything it
+  returns follows :class:`TextEnv`.
+* ``coupling(env_name, policy, seeds, **options)`` measures how episode length is coupled to
+  success under a scripted policy (DESIGN §3.5).
+
+See docs/envs.md.
+"""
+
+from .base import Info, StepResult, TextEnv
+from .coupling import Coupling, Episode, NoisyExpert, coupling, coupling_table, rollout
+from .registry import make, names
+
+__all__ = [
+    "Coupling",
+    "Episode",
+    "Info",
+    "NoisyExpert",
+    "StepResult",
+    "TextEnv",
+    "coupling",
+    "coupling_table",
+    "make",
+    "names",
+    "rollout",
+]

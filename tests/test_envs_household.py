@@ -1,0 +1,134 @@
+"""``household``: ALFWorld-like tasks whose failures run to the step cap."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import pytest
+
+from oma.envs import coupling, make
+from oma.envs.household import GOAL_KINDS
+from test_envs import expert_run
+
+
+@pytest.mark.parametrize("kind", GOAL_KINDS)
+def test_every_goal_kind_is_solvable(kind: str) -> None:
+    env = make("household", goals=kind)
+    for seed in range(40):
+        actions, info = expert_run(env, seed)
+        assert info["won"]
+        last = actions[-1]
+        assert last.startswith("use ") if kind == "examine" else last.startswith("put ")
+        if kind in ("clean", "heat", "cool"):
+            assert any(a.startswith(f"{kind} ") for a in actions)
+
+
+def test_difficulty_varies_across_seeds() -> None:
+    env = make("household")
+    kinds, rooms, lengths = collections.Counter(), set(), set()
+    for seed in range(120):
+        obs, info = env.reset(seed)
+        kinds[_goal_kind(info["task"])] += 1
+        rooms.add(len(env._home.rooms))
+        lengths.add(len(expert_run(env, seed)[0]))
+    assert set(kinds) == set(GOAL_KINDS)
+    assert rooms == {3, 4, 6}
+    assert min(lengths) <= 6 and max(lengths) >= 24
+
+
+def _goal_kind(task: str) -> str:
+    patterns = {
+        "examine": r"^look at ",
+        "two": r"^put two ",
+        "clean": r"^put a clean ",
+        "heat": r"^put a hot ",
+        "cool": r"^put a cool ",
+        "place": r"^put a ",
+    }
+    return next(kind for kind, pattern in patterns.items() if re.match(pattern, task))
+
+
+def test_looks_like_alfworld() -> None:
+    env = make("household", goals="heat")
+    obs, info = env.reset(0)
+    assert obs.startswith("You are in the middle of the ")
+    assert "Looking quickly around you, you see a " in obs
+    assert obs.endswith(f"Your task is to: {info['task']}")
+    actions, _ = expert_run(env, 0)
+    assert any(re.fullmatch(r"go to [a-z]+ \d+", a) for a in actions)
+    assert any(re.fullmatch(r"take [a-z]+ \d+ from [a-z]+ \d+", a) for a in actions)
+    assert any(re.fullmatch(r"heat [a-z]+ \d+ with microwave \d+", a) for a in actions)
+    assert re.fullmatch(r"put [a-z]+ \d+ in/on [a-z]+ \d+", actions[-1])
+
+
+def test_closed_receptacles_hide_their_contents() -> None:
+    env = make("household")
+    for seed in range(50):
+        _, info = env.reset(seed)
+        for _ in range(30):
+            action = env.expert_action()
+            obs, _, terminated, _, info = env.step(action)
+            if action.startswith("go to") and obs.endswith("is closed."):
+                assert "you see" not in obs
+                assert not any(a.startswith("take ") for a in info["admissible_actions"])
+                name = action.removeprefix("go to ")
+                obs, *_ = env.step(f"open {name}")
+                assert f"The {name} is open. In it, you see " in obs
+                return
+            if terminated:
+                break
+    pytest.fail("no closed receptacle was visited")
+
+
+def test_transforms_change_the_object_state() -> None:
+    env = make("household", goals="cool")
+    actions, _ = expert_run(env, 1)
+    env.reset(1)
+    for action in actions:
+        if action.startswith("cool "):
+            obj = action.split(" with ")[0].removeprefix("cool ")
+            fridge = action.split(" with ")[1]
+            assert env.step("inventory")[0] == f"You are carrying: a {obj}."
+            obs = env.step(action)[0]
+            assert obs == f"You cool the {obj} using the {fridge}."
+            assert env.step("inventory")[0] == f"You are carrying: a {obj} (cool)."
+            return
+        env.step(action)
+    pytest.fail("the expert never cooled anything")
+
+
+def test_reward_only_on_the_winning_step() -> None:
+    env = make("household")
+    env.reset(2)
+    rewards = []
+    while True:
+        _, reward, terminated, truncated, info = env.step(env.expert_action())
+        rewards.append(reward)
+        if terminated or truncated:
+            break
+    assert rewards[-1] == 1.0 and set(rewards[:-1]) == {0.0} and terminated and info["won"]
+
+
+@pytest.mark.parametrize("cap", [20, 30, 45])
+def test_failures_run_to_the_cap_and_are_longer(cap: int) -> None:
+    stats = coupling("household", ("noisy_expert", 0.25), 300, max_steps=cap)
+    assert stats.failures_at_cap == 1.0
+    assert stats.mean_steps_failure == cap
+    assert stats.mean_steps_success < cap * 0.75
+    assert stats.ratio > 1.3
+
+
+def test_a_noisy_expert_sometimes_succeeds() -> None:
+    """The design target: at epsilon 0.25 success is intermediate, so groups have spread."""
+    stats = coupling("household", ("noisy_expert", 0.25), 400)
+    assert 0.4 <= stats.success_rate <= 0.85
+    assert coupling("household", ("noisy_expert", 0.5), 200).success_rate < stats.success_rate
+    assert coupling("household", "random", 100).success_rate <= 0.02
+
+
+def test_bigger_homes_are_harder() -> None:
+    small = coupling("household", ("noisy_expert", 0.25), 300, size="small")
+    large = coupling("household", ("noisy_expert", 0.25), 300, size="large")
+    assert small.success_rate > large.success_rate + 0.05
+    assert small.mean_steps_success < large.mean_steps_success
