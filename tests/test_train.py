@@ -203,3 +203,25 @@ def test_bad_model_path(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     rc = oma_main(["train", f"policy.model={tmp_path / 'empty'}", f"out_dir={tmp_path / 'r2'}", f"warm_start.cache_dir={tmp_path}"])
     assert rc == 2 and "has no config.json" in capsys.readouterr().err
+
+
+def test_constrained_decoding_is_a_distribution_over_admissible_actions(tiny_policy):
+    from oma.agent.policy import action_choices, generate
+
+    model, tok = tiny_policy
+    env = oma.envs.make("shop")
+    obs, info = env.reset(7)
+    actions = info["admissible_actions"]
+    prompt = tok(step_prompt(info["task"], [], obs, actions, 0), add_special_tokens=False)["input_ids"]
+    choices = action_choices(tok, actions)
+    # every admissible action's constrained sequence probability; they must sum to 1
+    with torch.no_grad():
+        logp, mask, _ = response_logprobs(model, [prompt] * len(choices), choices, tok.pad_token_id, choices=[choices] * len(choices))
+    seq_p = (logp * mask).sum(-1).exp()
+    assert float(seq_p.sum()) == pytest.approx(1.0, abs=1e-4)
+    # sampling only ever produces admissible actions, at about those frequencies
+    gen = generate(model, tok, [prompt] * 400, max_new_tokens=2, temperature=1.0,
+                   generator=torch.Generator().manual_seed(0), choices=[choices] * 400)
+    assert set(gen.texts) <= set(actions)
+    freq = torch.tensor([gen.texts.count(a) / 400 for a in actions])
+    assert float((freq - seq_p).abs().max()) < 0.1

@@ -87,23 +87,60 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, T
     return ids, mask
 
 
+Choices = list[list[int]]
+"""The admissible actions of one step as token ids, each ending with EOS (constrained decoding)."""
+
+_MASKED = -1e9  # finite: exp() underflows to exactly 0 while log-probs and gradients stay finite
+
+
+def action_choices(tokenizer, actions: Sequence[str]) -> Choices:
+    """Token ids of each action followed by EOS: what constrained decoding may produce."""
+    eos = tokenizer.eos_token_id
+    return [ids + [eos] for ids in tokenizer(list(actions), add_special_tokens=False)["input_ids"]]
+
+
+def allowed_next(choices: Choices, prefix: Sequence[int]) -> list[int]:
+    """Tokens that continue ``prefix`` toward one of ``choices`` (a token trie, walked on demand)."""
+    n, prefix = len(prefix), list(prefix)
+    return sorted({c[n] for c in choices if len(c) > n and c[:n] == prefix})
+
+
+def allowed_mask(choices: Sequence[Choices], response_ids: Sequence[Sequence[int]], width: int, vocab: int) -> Tensor:
+    """bool [R, width, V]: at response position t of row r, the tokens constrained decoding allowed."""
+    mask = torch.zeros(len(response_ids), width, vocab, dtype=torch.bool)
+    for r, (ch, resp) in enumerate(zip(choices, response_ids)):
+        for t in range(len(resp)):
+            mask[r, t, allowed_next(ch, resp[:t])] = True
+    return mask
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
-             generator: torch.Generator | None) -> Generation:
+             generator: torch.Generator | None, choices: Sequence[Choices] | None = None) -> Generation:
     """Sample a response for every prompt in one batch, with a KV cache; greedy when temperature is 0.
 
-    Sampling draws from ``generator`` only, so a rollout is reproducible from its seed (and a
-    resumed run samples what an uninterrupted one would).
+    With ``choices`` (per prompt, the admissible actions' token ids ending with EOS) decoding is
+    constrained: each token is drawn from the model's distribution renormalised over the tokens
+    that continue some admissible action, so every response is exactly one of them (its length,
+    not ``max_new_tokens``, bounds the loop). Sampling draws from ``generator`` only, so a rollout
+    is reproducible from its seed (and a resumed run samples what an uninterrupted one would).
     """
     eos = tokenizer.eos_token_id
     ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     batch = ids.shape[0]
     responses: list[list[int]] = [[] for _ in range(batch)]
     done = torch.zeros(batch, dtype=torch.bool)
-    for _ in range(max_new_tokens):
+    steps = max(len(c) for ch in choices for c in ch) if choices is not None else max_new_tokens
+    for _ in range(steps):
         logits = out.logits[:, -1].float()
+        if choices is not None:
+            allowed = torch.zeros_like(logits, dtype=torch.bool)
+            for i in (~done).nonzero().squeeze(-1).tolist():
+                allowed[i, allowed_next(choices[i], responses[i])] = True
+            allowed[done] = True
+            logits = logits.masked_fill(~allowed, _MASKED)
         if temperature > 0:
             probs = torch.softmax(logits / temperature, dim=-1)
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -123,14 +160,16 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
 
 
 def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-                      pad_id: int, *, with_entropy: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                      pad_id: int, *, with_entropy: bool = False,
+                      choices: Sequence[Choices] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """log π(response token | prompt, earlier response tokens) for a batch of rows.
 
     Each row is prompt + response, left-padded so all responses end at the last column; only the
     last positions are projected to the vocabulary (``logits_to_keep``). Returns ``(logp [R, L],
     response_mask [R, L], entropy [R, L] or None)`` with L the longest response, each response in
     columns 0..len-1 and ``response_mask`` True exactly there; ``entropy`` is that of the
-    distribution each response token was drawn from (:func:`oma.core.token_entropy`).
+    distribution each response token was drawn from (:func:`oma.core.token_entropy`). With
+    ``choices`` the distributions are the constrained ones :func:`generate` sampled from.
     """
     from oma.core import token_entropy
 
@@ -147,6 +186,9 @@ def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: 
     src = ((width - lengths).unsqueeze(-1) + col).clamp_max(width - 1)
     logits = logits.gather(1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     targets = ids[:, -width:].gather(1, src)
+    if choices is not None:
+        allowed = allowed_mask(choices, response_ids, width, logits.shape[-1]) | ~response_mask.unsqueeze(-1)
+        logits = logits.masked_fill(~allowed, _MASKED)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logp = torch.where(response_mask, logp, torch.zeros((), dtype=logp.dtype))
     entropy = token_entropy(logits, response_mask) if with_entropy else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from oma.agent.policy import generate
+from oma.agent.policy import Choices, action_choices, generate
 from oma.agent.prompt import project_action, step_prompt
 from oma.core import anchor_ids
 
@@ -37,6 +37,8 @@ class Rows:
     step_rewards: Tensor = field(default_factory=lambda: torch.zeros(0))
     valid: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     won: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
+    choices: list[Choices] | None = None
+    """Constrained decoding only: each row's admissible actions as token ids (for its log-probs)."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -90,11 +92,13 @@ def rollout(
     temperature: float,
     invalid_penalty: float,
     generator: torch.Generator | None,
+    constrained: bool = False,
     traj_offset: int = 0,
 ) -> Rollout:
     """Roll out ``group_size`` episodes of every task seed with the policy, stepping all in lockstep.
 
     Group g is task seed ``task_seeds[g]``; trajectory ids are ``traj_offset + g*group_size + i``.
+    With ``constrained`` the policy samples only admissible actions (see :func:`generate`).
     """
     live: list[_Live] = []
     episodes: list[Episode] = []
@@ -105,7 +109,8 @@ def rollout(
             ep = Episode(seed=int(seed), group=g)
             episodes.append(ep)
             live.append(_Live(env, ep, obs, info, [], [], []))
-    rows: dict[str, list] = {k: [] for k in ("prompt", "response", "group", "traj", "step", "anchor", "reward", "valid")}
+    rows: dict[str, list] = {k: [] for k in ("prompt", "response", "group", "traj", "step", "anchor", "reward", "valid",
+                                             "choices")}
     generated = 0
     active = list(range(len(live)))
     was_training = model.training
@@ -113,8 +118,9 @@ def rollout(
     try:
         while active:
             prompt_ids = [_encode_prompt(tokenizer, live[i], history_length, max_prompt_tokens) for i in active]
+            choices = [action_choices(tokenizer, live[i].info["admissible_actions"]) for i in active] if constrained else None
             gen = generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                           generator=generator)
+                           generator=generator, choices=choices)
             still = []
             for slot, i in enumerate(active):
                 lv = live[i]
@@ -131,6 +137,7 @@ def rollout(
                 rows["anchor"].append(anchor)
                 rows["reward"].append(float(reward) - penalty)
                 rows["valid"].append(action is not None)
+                rows["choices"].append(choices[slot] if choices is not None else None)
                 generated += len(gen.response_ids[slot])
                 lv.rewards.append(float(reward))
                 lv.episode.steps += 1
@@ -164,6 +171,7 @@ def rollout(
         step_rewards=torch.tensor(rows["reward"]),
         valid=valid,
         won=won,
+        choices=rows["choices"] if constrained else None,
     )
     return Rollout(out, episodes, generated)
 

@@ -60,6 +60,11 @@ class PolicyConfig:
     """Longest action the model may write (tokens, EOS included)."""
     temperature: float = 1.0
     """Sampling temperature of training rollouts (evaluation is greedy)."""
+    constrained: bool = True
+    """Constrained decoding: sample only admissible action strings (a token trie over the admissible
+    list), with log-probs renormalised over the allowed tokens in training too. It lets a tiny CPU
+    model act validly from the first iteration. False = free text projected to an action; invalid
+    text is a no-op that costs ``env.invalid_penalty`` (verl-agent's setup, what larger models use)."""
     lora_r: int = 0
     """LoRA rank via peft (0 = full fine-tuning)."""
     lora_alpha: int = 16

@@ -87,9 +87,14 @@ def response_mask_of(rows: Rows) -> Tensor:
 def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int) -> Tensor:
     out = torch.zeros(len(rows), width)
     for idx in micro_batches(len(rows), micro_rows):
-        logp, _, _ = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id)
+        logp, _, _ = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id,
+                                       choices=_choices(rows, idx))
         out[idx, : logp.shape[1]] = logp
     return out
+
+
+def _choices(rows: Rows, idx: Tensor):
+    return [rows.choices[i] for i in idx] if rows.choices is not None else None
 
 
 def advantages(cfg: TrainConfig, rows: Rows) -> Tensor:
@@ -121,7 +126,7 @@ def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_
     for chunk in micro_batches(len(rows_idx), cfg.optim.micro_batch_rows):
         idx = rows_idx[chunk]
         logp, m, entropy = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx],
-                                             pad_id, with_entropy=True)
+                                             pad_id, with_entropy=True, choices=_choices(rows, idx))
         width = m.shape[1]
         w = weights[chunk, :width]
         logp_old = batch.logp_old[idx, :width]
@@ -181,7 +186,8 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer) -> dict[str, float]:
     seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
     ro = rollout(make_env, model, tokenizer, seeds, group_size=1, history_length=cfg.env.history_length,
                  max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
-                 temperature=0.0, invalid_penalty=cfg.env.invalid_penalty, generator=None)
+                 temperature=0.0, invalid_penalty=cfg.env.invalid_penalty, generator=None,
+                 constrained=cfg.policy.constrained)
     return {"eval_success": ro.success_rate, "eval_steps": sum(e.steps for e in ro.episodes) / len(ro.episodes),
             "eval_invalid": sum(e.invalid for e in ro.episodes) / max(1, sum(e.steps for e in ro.episodes))}
 
@@ -301,7 +307,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             ro = rollout(make_env, model, tokenizer, task_seeds(cfg, it), group_size=cfg.env.group_size,
                          history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
                          max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
-                         invalid_penalty=cfg.env.invalid_penalty, generator=_generator(cfg.seed, it, "rollout"))
+                         invalid_penalty=cfg.env.invalid_penalty, generator=_generator(cfg.seed, it, "rollout"),
+                         constrained=cfg.policy.constrained)
             rows = ro.rows
             t_rollout = time.perf_counter() - t0
 

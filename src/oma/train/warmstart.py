@@ -19,7 +19,7 @@ import torch
 from rich.progress import Progress
 
 import oma
-from oma.agent.policy import EOS, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
+from oma.agent.policy import EOS, action_choices, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
 from oma.agent.prompt import step_prompt
 from oma.core import micro_batches
 from oma.train.config import TrainConfig
@@ -32,6 +32,7 @@ DEMO_SEED_OFFSET = 2_000_000
 class Demo:
     prompt: str
     action: str
+    admissible: list[str]
 
 
 def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, history_length: int) -> list[Demo]:
@@ -47,7 +48,7 @@ def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, 
         while not done:
             admissible = info["admissible_actions"]
             action = rng.choice(admissible) if rng.random() < noise else env.expert_action()
-            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length), action))
+            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length), action, admissible))
             history.append((obs, action))
             obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
@@ -67,11 +68,16 @@ def cache_key(cfg: TrainConfig) -> str:
 
 
 def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_rows: int, max_prompt_tokens: int,
-        seed: int, progress: Progress | None = None) -> list[float]:
-    """Token-mean cross-entropy on the demonstrated actions (+EOS); returns the loss per step."""
+        seed: int, constrained: bool, progress: Progress | None = None) -> list[float]:
+    """Token-mean cross-entropy on the demonstrated actions (+EOS); returns the loss per step.
+
+    With ``constrained`` the likelihood is that of constrained decoding (renormalised over the
+    tokens that continue an admissible action), the distribution the policy will sample from.
+    """
     prompts = [ids[-max_prompt_tokens:] for ids in tokenizer([d.prompt for d in demos], add_special_tokens=False)["input_ids"]]
     actions = tokenizer([d.action for d in demos], add_special_tokens=False)["input_ids"]
     responses = [a + [tokenizer.convert_tokens_to_ids(EOS)] for a in actions]
+    choices = [action_choices(tokenizer, d.admissible) for d in demos] if constrained else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     losses = []
@@ -82,7 +88,8 @@ def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_ro
         order = torch.randperm(len(demos), generator=generator)
         for chunk in micro_batches(len(demos), batch_rows):
             idx = order[chunk].tolist()
-            logp, mask, _ = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx], tokenizer.pad_token_id)
+            logp, mask, _ = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx],
+                                              tokenizer.pad_token_id, choices=[choices[i] for i in idx] if choices else None)
             loss = -(logp * mask).sum() / mask.sum()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -114,7 +121,8 @@ def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Pro
         model = tiny_model(len(tokenizer), hidden=p.hidden, layers=p.layers, heads=p.heads,
                            max_positions=max(512, p.max_prompt_tokens + p.max_new_tokens), seed=cfg.seed)
     losses = sft(model, tokenizer, demos, epochs=ws.epochs, lr=ws.lr, batch_rows=ws.batch_rows,
-                 max_prompt_tokens=cfg.policy.max_prompt_tokens, seed=cfg.seed, progress=progress) if ws.enabled else []
+                 max_prompt_tokens=cfg.policy.max_prompt_tokens, seed=cfg.seed, constrained=cfg.policy.constrained,
+                 progress=progress) if ws.enabled else []
     info.update(demo_rows=len(demos), sft_steps=len(losses), sft_loss_first=losses[0] if losses else None,
                 sft_loss_last=losses[-1] if losses else None)
     _save(cache, model, tokenizer, {k: v for k, v in info.items() if k not in ("cache", "cached")})

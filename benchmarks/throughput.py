@@ -1,0 +1,114 @@
+"""Trainer throughput at a config: generation speed, the iteration's time split, and the cost of OMA.
+
+Run by hand (results committed as benchmarks/throughput.md):
+
+    .venv/bin/python benchmarks/throughput.py configs/household-grpo-oma.yaml --out benchmarks/throughput.md
+
+It builds the warm-started policy exactly as `oma train` does (cached), rolls out one iteration,
+then times the update on that same batch under OA+MA (trajectory accounting, uniform mass) and
+under the native baseline (row accounting, token-mean as is), alternating and restoring the model
+between runs, so the ratio is measured in one run on one batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from oma.agent.rollout import rollout
+from oma.train.config import load_config
+from oma.train.loop import Batch, advantages, batch_logprobs, env_factory, response_mask_of, task_seeds, update
+from oma.train.warmstart import build_policy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    torch.set_num_threads(cfg.threads)
+    make_env = env_factory(cfg)
+    with Progress(console=Console()) as progress:
+        model, tok, _ = build_policy(cfg, make_env, progress)
+    pad = tok.pad_token_id
+
+    t0 = time.perf_counter()
+    ro = rollout(make_env, model, tok, task_seeds(cfg, 1), group_size=cfg.env.group_size,
+                 history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
+                 max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
+                 invalid_penalty=cfg.env.invalid_penalty, generator=torch.Generator().manual_seed(0),
+                 constrained=cfg.policy.constrained)
+    t_rollout = time.perf_counter() - t0
+    rows = ro.rows
+    prompt_tokens = sum(len(p) for p in rows.prompt_ids)
+
+    t0 = time.perf_counter()
+    adv = advantages(cfg, rows)
+    t_adv_math = time.perf_counter() - t0
+    mask = response_mask_of(rows)
+    logp_old = batch_logprobs(model, rows, pad, cfg.optim.micro_batch_rows, mask.shape[1])
+    t_adv = time.perf_counter() - t0
+
+    start_model = copy.deepcopy(model.state_dict())
+    variants = {
+        "OA+MA (trajectory, uniform)": dict(accounting="trajectory", mass="uniform"),
+        "native (row, token-mean)": dict(accounting="row", mass="native"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(args.repeats):
+        for name, switches in variants.items():
+            v = copy.deepcopy(cfg)
+            v.algo.accounting, v.algo.mass = switches["accounting"], switches["mass"]
+            model.load_state_dict(start_model)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=v.optim.lr)
+            batch = Batch(rows, mask, advantages(v, rows), logp_old, None)
+            t0 = time.perf_counter()
+            update(model, optimizer, batch, v, pad, 1)
+            times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    oma_t, native_t = med["OA+MA (trajectory, uniform)"], med["native (row, token-mean)"]
+    text = "\n".join([
+        "# Benchmark: trainer throughput",
+        "",
+        f"Command: `.venv/bin/python benchmarks/throughput.py {args.config or ''} {' '.join(args.overrides)} --out benchmarks/throughput.md`",
+        "",
+        f"Machine: {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{cfg.threads} threads, shared 2-core CPU. Policy: `{cfg.policy.model}` "
+        f"(hidden {cfg.policy.hidden}, {cfg.policy.layers} layers), constrained decoding {cfg.policy.constrained}.",
+        "",
+        f"One iteration at this config: {cfg.env.tasks_per_iter} tasks x {cfg.env.group_size} episodes of "
+        f"`{cfg.env.name}` {cfg.env.options or ''} → {len(rows)} rows "
+        f"({len(rows) / len(ro.episodes):.1f} per trajectory), {prompt_tokens:,} prompt tokens, "
+        f"{ro.generated_tokens:,} generated tokens.",
+        "",
+        "| phase | seconds | share |",
+        "|---|---:|---:|",
+        *(f"| {name} | {t:.2f} | {t / (t_rollout + t_adv + oma_t):.0%} |" for name, t in
+          (("rollout (generation + env steps)", t_rollout), ("advantages (oma.core) + old log-probs", t_adv),
+           ("update (OA+MA)", oma_t))),
+        "",
+        f"- Generation: {ro.generated_tokens / t_rollout:.0f} generated tokens/s "
+        f"({len(rows) / t_rollout:.0f} agent steps/s, prompts prefilled with a KV cache).",
+        f"- `oma.core` advantages alone: {1e3 * t_adv_math:.1f} ms for {len(rows)} rows.",
+        f"- Update time, median of {args.repeats} alternating runs on the same batch: OA+MA {oma_t:.2f} s, "
+        f"native {native_t:.2f} s, **ratio {oma_t / native_t:.3f}** (target ≤ 1.05).",
+        "",
+    ])
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
