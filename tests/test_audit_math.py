@@ -12,12 +12,12 @@ from oma.core import (
     gigpo_advantages,
     group_outcome_stats,
     implicit_mass,
+    row_coefficients,
     outcome_advantages,
     token_weights,
 )
 from oma.core.segments import batch_structure
 from oma.diagnostics import ACCOUNTING_NAMES, audit
-from oma.diagnostics._mass import row_weight_sums
 
 
 def expand(k, scores, groups, tokens=None):
@@ -201,8 +201,8 @@ def test_gigpo_matches_core():
 
 @pytest.mark.parametrize("reducer", REDUCERS)
 @pytest.mark.parametrize("mass", MASSES)
-def test_row_weight_sums_equal_core_token_weights(reducer, mass):
-    """The count-based helper equals oma.core.token_weights(...).sum(-1) and implicit_mass."""
+def test_row_coefficients_equal_core_token_weights(reducer, mass):
+    """n_r·row_coefficients (what the audit uses) equals oma.core.token_weights(...).sum(-1) and implicit_mass."""
     rng = np.random.default_rng(hash((reducer, mass)) % 2**32)
     rows, L = 60, 9
     traj = torch.as_tensor(np.sort(rng.integers(0, 14, rows)))
@@ -210,7 +210,7 @@ def test_row_weight_sums_equal_core_token_weights(reducer, mass):
     mask = torch.as_tensor(rng.random((rows, L)) < rng.random((rows, 1)))
     mask[torch.as_tensor(rng.random(rows) < 0.1)] = False  # some rows without a trainable token
     structure = batch_structure(group, traj)
-    got = row_weight_sums(mask.sum(-1), structure, reducer=reducer, mass=mass, length=L)
+    got = mask.sum(-1).double() * row_coefficients(mask.sum(-1), structure, reducer=reducer, mass=mass, length=L)
     want = token_weights(mask, group, traj, reducer=reducer, mass=mass).sum(-1)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
     m = implicit_mass(mask, group, traj, reducer=reducer, mass=mass)

@@ -17,7 +17,7 @@ from oma.core.advantages import (
 from oma.core.anchors import anchor_ids
 from oma.core.batching import micro_batches, trajectory_minibatches
 from oma.core.objectives import OBJECTIVES, Objective, kl_k3, token_entropy, token_objective
-from oma.core.weights import MASSES, REDUCERS, Mass, Reducer, implicit_mass, token_weights, weighted_loss
+from oma.core.weights import MASSES, REDUCERS, Mass, Reducer, implicit_mass, row_coefficients, token_weights, weighted_loss
 
 __all__ = [
     "ACCOUNTINGS",
@@ -39,6 +39,7 @@ __all__ = [
     "kl_k3",
     "micro_batches",
     "outcome_advantages",
+    "row_coefficients",
     "token_entropy",
     "token_objective",
     "token_weights",

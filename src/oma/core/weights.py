@@ -134,21 +134,49 @@ def token_weights(
     """
     structure = _validate(response_mask, group_index, traj_index, reducer, mass, loss_scale_factor)
     m = response_mask.to(torch.float64)
-    n_tokens = m.sum(-1)
-    unit = _row_unit(reducer, n_tokens, response_mask.shape[1], loss_scale_factor)
-    counts = _scope_counts(reducer, n_tokens)
+    coef = row_coefficients(m.sum(-1), structure, reducer=reducer, mass=mass, length=response_mask.shape[1],
+                            loss_scale_factor=loss_scale_factor)
+    return m * coef.unsqueeze(-1)
+
+
+def row_coefficients(
+    n_tokens: Tensor,
+    structure: BatchStructure,
+    *,
+    reducer: Reducer = "token-mean",
+    mass: Mass = "uniform",
+    length: int,
+    loss_scale_factor: float | None = None,
+) -> Tensor:
+    r"""The weight c_r every trainable token of row r gets: W[r, l] = m[r, l]·c_r, float64 [R].
+
+    Every reducer weighs a row's tokens alike and sees the mask only through n_r (and, for
+    ``seq-mean-token-sum-norm``, the padded length L), so the weights follow from token counts
+    alone — what :func:`token_weights` builds W from, and what lets an audit of 10^6 rows work
+    without materialising W[R, L] (row r's total weight is n_r·c_r).
+
+    Args:
+        n_tokens: n_r, trainable tokens per row (≥ 0), [R].
+        structure: :func:`oma.core.segments.batch_structure` of the batch's ids.
+        reducer, mass, loss_scale_factor: as in :func:`token_weights`.
+        length: the padded response length L.
+    """
+    check_option("reducer", reducer, REDUCERS)
+    check_option("mass", mass, MASSES)
+    n = n_tokens.to(torch.float64)
+    unit = _row_unit(reducer, n, length, loss_scale_factor)
+    counts = _scope_counts(reducer, n)
     if mass == "native":
         coef = unit if counts is None else unit / counts.sum().clamp_min(1.0)
     else:
         tinv = structure.traj.inverse
-        active_traj = segment_sum(n_tokens, tinv, structure.n_traj) > 0
+        active_traj = segment_sum(n, tinv, structure.n_traj) > 0
         per_traj = _mass_targets(mass, structure, active_traj)
         if counts is not None:
             per_traj = per_traj / segment_sum(counts, tinv, structure.n_traj).clamp_min(1.0)
         coef = unit * per_traj[tinv]
     # Rows without a trainable token contribute to no normaliser (verl's seq_mask excludes them).
-    coef = torch.where(n_tokens > 0, coef, torch.zeros_like(coef))
-    return m * coef.unsqueeze(-1)
+    return torch.where(n > 0, coef, torch.zeros_like(coef))
 
 
 def weighted_loss(token_loss: Tensor, weights: Tensor) -> Tensor:
@@ -183,7 +211,8 @@ def implicit_mass(
     the batch has no trainable token). Under ``"native"`` this is the hidden weighting rule of
     stepwise training: M_τ/M_B for token-mean, K_τ/R' for seq-mean-token-mean. Under Mass
     Alignment with a mean reducer it equals the target w_τ; with a sum reducer it is
-    w_τ·J_τ(1)/Σ, J_τ(1) being τ's tokens per row (the sum reducer's own within-trajectory scale).
+    w_τ·J_τ(1)/Σ, J_τ(1) being the sum reducer's own within-trajectory scale (τ's tokens per row for
+    ``seq-mean-token-sum``, its total tokens for ``token-sum``).
     """
     weights = token_weights(
         response_mask, group_index, traj_index, reducer=reducer, mass=mass, loss_scale_factor=loss_scale_factor

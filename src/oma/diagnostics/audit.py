@@ -29,11 +29,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from oma.core import ESTIMATORS, MASSES, REDUCERS, gigpo_advantages
+from oma.core import ESTIMATORS, MASSES, REDUCERS, gigpo_advantages, row_coefficients
 from oma.core._validate import check_option, check_positive
 from oma.core.advantages import _check_scores, _episode_advantages, _member_stats, _members, trajectory_outcomes
 from oma.core.segments import batch_structure, segment_sum
-from oma.diagnostics._mass import row_weight_sums
 
 ACCOUNTING_NAMES: tuple[str, ...] = ("row+native", "row+aligned", "trajectory+native", "trajectory+aligned")
 """The four accountings, ``"<outcome accounting>+<mass>"``; ``aligned`` is the chosen MA target."""
@@ -404,8 +403,8 @@ def audit(
     # ---- masses (oma.core reducer weights, summed per row) ----------------------------------
     omega: dict[str, Tensor] = {}
     for rule in ("native", aligned_mass):
-        w = row_weight_sums(
-            n_tok, structure, reducer=reducer, mass=rule, length=length, loss_scale_factor=loss_scale_factor
+        w = n_tok.to(torch.float64) * row_coefficients(
+            n_tok, structure, reducer=reducer, mass=rule, length=max(int(length), 1), loss_scale_factor=loss_scale_factor
         )
         omega["native" if rule == "native" else "aligned"] = w / w.sum()
 
