@@ -174,3 +174,14 @@ def test_trajectory_minibatches_keep_trajectories_whole(b, k, seed):
     assert sum(len(o) for o in owners) == n_traj  # no trajectory in two mini-batches
     sizes = [len(o) for o in owners]
     assert max(sizes) - min(sizes) <= 1
+
+
+@given(st.lists(st.integers(-3, 60), min_size=1, max_size=40), st.sampled_from([0, 10**6, 2**40]))
+def test_segments_fast_path_equals_torch_unique(ids, shift):
+    """Counting (small non-negative ids) and sorting (any ids) segment identically."""
+    from oma.core.segments import segments
+
+    t = torch.tensor(ids, dtype=torch.int64) + shift
+    got = segments(t)
+    uniq, inverse, counts = torch.unique(t, sorted=True, return_inverse=True, return_counts=True)
+    assert torch.equal(got.ids, uniq) and torch.equal(got.inverse, inverse) and torch.equal(got.counts, counts)

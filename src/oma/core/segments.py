@@ -35,7 +35,20 @@ class Segments:
 
 
 def segments(ids: Tensor) -> Segments:
-    """Distinct ids (sorted), each element's segment and each segment's size."""
+    """Distinct ids (sorted), each element's segment and each segment's size.
+
+    Ids that are small non-negative integers (the common case: 0..T-1 with gaps) are segmented
+    by counting, O(N + max id) without a sort; any others by ``torch.unique``. Both give the
+    same result.
+    """
+    n = ids.numel()
+    if n and ids.dtype != torch.bool:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo >= 0 and hi < 4 * n + 1024:
+            occupied = torch.bincount(ids.to(torch.int64), minlength=hi + 1)
+            present = occupied > 0
+            dense = torch.cumsum(present, 0) - 1  # id -> segment number
+            return Segments(present.nonzero().squeeze(-1).to(ids.dtype), dense[ids.to(torch.int64)], occupied[present])
     uniq, inverse, counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
     return Segments(uniq, inverse, counts)
 
