@@ -12,8 +12,12 @@ $(BIN)/oma-installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,verl]" "$(TORCH_PIN)"
 	touch $@
 
-.PHONY: install test
+.PHONY: install test train
 install: $(BIN)/oma-installed
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The default job: household, GRPO with OA + MA, tiny model, warm start included (cached after the first run).
+train: install
+	$(BIN)/oma train configs/household-grpo-oma.yaml

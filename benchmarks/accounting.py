@@ -124,7 +124,7 @@ def main() -> None:
         "",
         f"Batch: ≈20 rows per trajectory (10–30), groups of {GROUP_SIZE} trajectories, L={LENGTH}, rows shuffled. "
         "Ids are dense integers (as oma's trainer assigns them), which `oma.core` segments by counting; "
-        "sparse ids (hashes) take `torch.unique`'s sort instead (about 3x slower at 10^6 rows).",
+        "sparse ids (hashes) take `torch.unique`'s sort instead (about 4x slower at 10^6 rows).",
         "",
         "| function | " + " | ".join(f"R={r:,} (s)" for r in args.sizes) + f" | µs/row at {small:,} | µs/row at {big:,} |",
         "|---|" + "---:|" * (len(args.sizes) + 2),

@@ -35,7 +35,7 @@ def test_project_action():
 def test_step_prompt_history_window():
     history = [("o1", "a1"), ("o2", "a2"), ("o3", "a3")]
     p = step_prompt("the task", history, "now", ["x", "y"], history_length=2)
-    assert p.splitlines() == ["Task: the task", "Obs: o2", "Did: a2", "Obs: o3", "Did: a3", "Obs: now", "Can: x | y", "Action:"]
+    assert p.splitlines() == ["Obs: o2", "Did: a2", "Obs: o3", "Did: a3", "Obs: now", "Task: the task", "Can: x | y", "Action:"]
     assert "o1" not in step_prompt("t", history, "now", ["x"], history_length=0)
 
 
@@ -225,3 +225,14 @@ def test_constrained_decoding_is_a_distribution_over_admissible_actions(tiny_pol
     assert set(gen.texts) <= set(actions)
     freq = torch.tensor([gen.texts.count(a) / 400 for a in actions])
     assert float((freq - seq_p).abs().max()) < 0.1
+
+
+def test_presets_load_and_name_their_command():
+    from pathlib import Path
+
+    presets = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert presets, "no presets found"
+    for path in presets:
+        assert path.read_text().splitlines()[0] == f"# oma train configs/{path.name}"
+        cfg = load_config(path)
+        oma.envs.make(cfg.env.name, **cfg.env.options)  # the options are valid for the env

@@ -15,13 +15,18 @@ PROMPT_END = "\nAction:"
 
 def step_prompt(task: str, history: Sequence[tuple[str, str]], observation: str, admissible: Sequence[str],
                 history_length: int) -> str:
-    """Task, the last ``history_length`` (observation, action) pairs, the observation, the actions."""
-    lines = [f"Task: {task}"]
+    """The last ``history_length`` (observation, action) pairs, the observation, the task, the actions.
+
+    The task stands right before the admissible actions, next to where the answer is written: a
+    small model then matches goal words against action words over a short distance.
+    """
+    lines = []
     if history_length > 0:
         for past_obs, past_action in history[-history_length:]:
             lines.append(f"Obs: {past_obs}")
             lines.append(f"Did: {past_action}")
     lines.append(f"Obs: {observation}")
+    lines.append(f"Task: {task}")
     lines.append("Can: " + " | ".join(admissible))
     return "\n".join(lines) + PROMPT_END
 

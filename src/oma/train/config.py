@@ -74,14 +74,15 @@ class PolicyConfig:
 @dataclass
 class WarmStartConfig:
     enabled: bool = True
-    """Supervised fine-tuning on noisy expert demonstrations before RL."""
-    episodes: int = 160
+    """Supervised fine-tuning on noisy expert demonstrations before RL (how good the start is: ``episodes``, ``epochs``)."""
+    episodes: int = 120
     """Demonstration episodes (their seeds are disjoint from training and evaluation seeds)."""
     noise: float = 0.3
-    """ε: the demonstrator takes a uniformly random admissible action with probability ε."""
-    epochs: int = 2
+    """ε: the demonstrator takes a uniformly random admissible action with probability ε; every step is
+    labelled with the expert's action (DART), so ε widens the states seen, not the labels' noise."""
+    epochs: int = 8
     """Passes over the demonstration rows."""
-    lr: float = 3e-3
+    lr: float = 1e-3
     """AdamW learning rate of the warm start."""
     batch_rows: int = 64
     """Rows per SFT step."""

@@ -36,7 +36,14 @@ class Demo:
 
 
 def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, history_length: int) -> list[Demo]:
-    """(prompt, action) of every step of ``episodes`` noisy-expert episodes (ε = ``noise``)."""
+    """(prompt, expert action) at every step of ``episodes`` noisy-expert episodes (ε = ``noise``).
+
+    Noise is injected into what the demonstrator *does* (with probability ε a uniformly random
+    admissible action), while every step is labelled with the expert's action in that state — DART
+    (Laskey et al. 2017, "Noise Injection for Robust Imitation Learning"). The policy so learns to
+    recover from the off-path states it will visit itself; labelling the random actions instead
+    would teach the noise and drown the rare decisive actions (take, put) in it.
+    """
     demos: list[Demo] = []
     for k in range(episodes):
         seed = DEMO_SEED_OFFSET + k
@@ -47,8 +54,9 @@ def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, 
         done = False
         while not done:
             admissible = info["admissible_actions"]
-            action = rng.choice(admissible) if rng.random() < noise else env.expert_action()
-            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length), action, admissible))
+            expert = env.expert_action()
+            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length), expert, admissible))
+            action = rng.choice(admissible) if rng.random() < noise else expert
             history.append((obs, action))
             obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
