@@ -214,10 +214,11 @@ def implicit_mass(
     w_τ·J_τ(1)/Σ, J_τ(1) being the sum reducer's own within-trajectory scale (τ's tokens per row for
     ``seq-mean-token-sum``, its total tokens for ``token-sum``).
     """
-    weights = token_weights(
-        response_mask, group_index, traj_index, reducer=reducer, mass=mass, loss_scale_factor=loss_scale_factor
+    structure = _validate(response_mask, group_index, traj_index, reducer, mass, loss_scale_factor)
+    n_tokens = response_mask.sum(-1)
+    row_weight = n_tokens.to(torch.float64) * row_coefficients(
+        n_tokens, structure, reducer=reducer, mass=mass, length=response_mask.shape[1], loss_scale_factor=loss_scale_factor
     )
-    structure = batch_structure(group_index, traj_index)
-    per_traj = segment_sum(weights.sum(-1), structure.traj.inverse, structure.n_traj)
+    per_traj = segment_sum(row_weight, structure.traj.inverse, structure.n_traj)
     total = per_traj.sum()
     return per_traj / total if bool(total > 0) else per_traj
