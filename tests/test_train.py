@@ -206,7 +206,7 @@ def test_bad_model_path(tmp_path, capsys):
 
 
 def test_constrained_decoding_is_a_distribution_over_admissible_actions(tiny_policy):
-    from oma.agent.policy import action_choices, generate
+    from oma.agent.policy import action_choices, allowed_positions, generate
 
     model, tok = tiny_policy
     env = oma.envs.make("shop")
@@ -216,13 +216,17 @@ def test_constrained_decoding_is_a_distribution_over_admissible_actions(tiny_pol
     choices = action_choices(tok, actions)
     # every admissible action's constrained sequence probability; they must sum to 1
     with torch.no_grad():
-        logp, mask, _ = response_logprobs(model, [prompt] * len(choices), choices, tok.pad_token_id, choices=[choices] * len(choices))
+        logp, mask, _ = response_logprobs(model, [prompt] * len(choices), choices, tok.pad_token_id,
+                                          allowed=[allowed_positions(choices, c) for c in choices])
     seq_p = (logp * mask).sum(-1).exp()
     assert float(seq_p.sum()) == pytest.approx(1.0, abs=1e-4)
     # sampling only ever produces admissible actions, at about those frequencies
     gen = generate(model, tok, [prompt] * 400, max_new_tokens=2, temperature=1.0,
                    generator=torch.Generator().manual_seed(0), choices=[choices] * 400)
     assert set(gen.texts) <= set(actions)
+    # what generation records as allowed is what the trie allows for that response (training renormalises over it)
+    for resp, pairs in zip(gen.response_ids[:20], gen.allowed[:20]):
+        assert torch.equal(pairs, allowed_positions(choices, resp))
     freq = torch.tensor([gen.texts.count(a) / 400 for a in actions])
     assert float((freq - seq_p).abs().max()) < 0.1
 

@@ -69,10 +69,15 @@ def load_model(path: str | Path):
 
 @dataclass
 class Generation:
-    """Sampled responses: token ids (ending with EOS when the model stopped) and decoded text."""
+    """Sampled responses: token ids (ending with EOS when the model stopped) and decoded text.
+
+    ``allowed`` (constrained decoding only): per response, the (position, token) pairs the
+    constraint allowed, for :func:`response_logprobs` to renormalise over the same tokens.
+    """
 
     response_ids: list[list[int]]
     texts: list[str]
+    allowed: list[Tensor] | None = None
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -105,12 +110,18 @@ def allowed_next(choices: Choices, prefix: Sequence[int]) -> list[int]:
     return sorted({c[n] for c in choices if len(c) > n and c[:n] == prefix})
 
 
-def allowed_mask(choices: Sequence[Choices], response_ids: Sequence[Sequence[int]], width: int, vocab: int) -> Tensor:
-    """bool [R, width, V]: at response position t of row r, the tokens constrained decoding allowed."""
-    mask = torch.zeros(len(response_ids), width, vocab, dtype=torch.bool)
-    for r, (ch, resp) in enumerate(zip(choices, response_ids)):
-        for t in range(len(resp)):
-            mask[r, t, allowed_next(ch, resp[:t])] = True
+def allowed_positions(choices: Choices, response: Sequence[int]) -> Tensor:
+    """int64 [n, 2] of (position, token): what constrained decoding allowed at each step of ``response``."""
+    pairs = [(t, v) for t in range(len(response)) for v in allowed_next(choices, response[:t])]
+    return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+
+
+def allowed_mask(allowed: Sequence[Tensor], width: int, vocab: int) -> Tensor:
+    """bool [R, width, V] from each row's (position, token) pairs, in one indexed write."""
+    mask = torch.zeros(len(allowed), width, vocab, dtype=torch.bool)
+    rows = torch.cat([torch.full((len(a),), r, dtype=torch.long) for r, a in enumerate(allowed)])
+    pairs = torch.cat(list(allowed))
+    mask[rows, pairs[:, 0], pairs[:, 1]] = True
     return mask
 
 
@@ -133,12 +144,15 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
     responses: list[list[int]] = [[] for _ in range(batch)]
     done = torch.zeros(batch, dtype=torch.bool)
     steps = max(len(c) for ch in choices for c in ch) if choices is not None else max_new_tokens
-    for _ in range(steps):
+    pairs: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
+    for step in range(steps):
         logits = out.logits[:, -1].float()
         if choices is not None:
             allowed = torch.zeros_like(logits, dtype=torch.bool)
             for i in (~done).nonzero().squeeze(-1).tolist():
-                allowed[i, allowed_next(choices[i], responses[i])] = True
+                ok = allowed_next(choices[i], responses[i])
+                allowed[i, ok] = True
+                pairs[i] += [(step, v) for v in ok]
             allowed[done] = True
             logits = logits.masked_fill(~allowed, _MASKED)
         if temperature > 0:
@@ -156,12 +170,13 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
         out = model(input_ids=nxt.unsqueeze(-1), attention_mask=mask, position_ids=positions,
                     past_key_values=out.past_key_values, use_cache=True)
     texts = [tokenizer.decode([t for t in r if t != eos]) for r in responses]
-    return Generation(responses, texts)
+    allowed_pairs = [torch.tensor(p, dtype=torch.long).reshape(-1, 2) for p in pairs] if choices is not None else None
+    return Generation(responses, texts, allowed_pairs)
 
 
 def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
                       pad_id: int, *, with_entropy: bool = False,
-                      choices: Sequence[Choices] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+                      allowed: Sequence[Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """log π(response token | prompt, earlier response tokens) for a batch of rows.
 
     Each row is prompt + response, left-padded so all responses end at the last column; only the
@@ -169,7 +184,8 @@ def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: 
     response_mask [R, L], entropy [R, L] or None)`` with L the longest response, each response in
     columns 0..len-1 and ``response_mask`` True exactly there; ``entropy`` is that of the
     distribution each response token was drawn from (:func:`oma.core.token_entropy`). With
-    ``choices`` the distributions are the constrained ones :func:`generate` sampled from.
+    ``allowed`` (each row's (position, token) pairs, :attr:`Generation.allowed` or
+    :func:`allowed_positions`) the distributions are the constrained ones :func:`generate` sampled from.
     """
     from oma.core import token_entropy
 
@@ -186,9 +202,9 @@ def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: 
     src = ((width - lengths).unsqueeze(-1) + col).clamp_max(width - 1)
     logits = logits.gather(1, src.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     targets = ids[:, -width:].gather(1, src)
-    if choices is not None:
-        allowed = allowed_mask(choices, response_ids, width, logits.shape[-1]) | ~response_mask.unsqueeze(-1)
-        logits = logits.masked_fill(~allowed, _MASKED)
+    if allowed is not None:
+        keep = allowed_mask(allowed, width, logits.shape[-1]) | ~response_mask.unsqueeze(-1)
+        logits = logits.masked_fill(~keep, _MASKED)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logp = torch.where(response_mask, logp, torch.zeros((), dtype=logp.dtype))
     entropy = token_entropy(logits, response_mask) if with_entropy else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from oma.agent.policy import Choices, action_choices, generate
+from oma.agent.policy import action_choices, generate
 from oma.agent.prompt import project_action, step_prompt
 from oma.core import anchor_ids
 
@@ -37,8 +37,8 @@ class Rows:
     step_rewards: Tensor = field(default_factory=lambda: torch.zeros(0))
     valid: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     won: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
-    choices: list[Choices] | None = None
-    """Constrained decoding only: each row's admissible actions as token ids (for its log-probs)."""
+    allowed: list[Tensor] | None = None
+    """Constrained decoding only: each row's allowed (position, token) pairs (for its log-probs)."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -110,7 +110,7 @@ def rollout(
             episodes.append(ep)
             live.append(_Live(env, ep, obs, info, [], [], []))
     rows: dict[str, list] = {k: [] for k in ("prompt", "response", "group", "traj", "step", "anchor", "reward", "valid",
-                                             "choices")}
+                                             "allowed")}
     generated = 0
     active = list(range(len(live)))
     was_training = model.training
@@ -137,7 +137,7 @@ def rollout(
                 rows["anchor"].append(anchor)
                 rows["reward"].append(float(reward) - penalty)
                 rows["valid"].append(action is not None)
-                rows["choices"].append(choices[slot] if choices is not None else None)
+                rows["allowed"].append(gen.allowed[slot] if gen.allowed is not None else None)
                 generated += len(gen.response_ids[slot])
                 lv.rewards.append(float(reward))
                 lv.episode.steps += 1
@@ -171,7 +171,7 @@ def rollout(
         step_rewards=torch.tensor(rows["reward"]),
         valid=valid,
         won=won,
-        choices=rows["choices"] if constrained else None,
+        allowed=rows["allowed"] if constrained else None,
     )
     return Rollout(out, episodes, generated)
 

@@ -88,13 +88,13 @@ def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int) 
     out = torch.zeros(len(rows), width)
     for idx in micro_batches(len(rows), micro_rows):
         logp, _, _ = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id,
-                                       choices=_choices(rows, idx))
+                                       allowed=_allowed(rows, idx))
         out[idx, : logp.shape[1]] = logp
     return out
 
 
-def _choices(rows: Rows, idx: Tensor):
-    return [rows.choices[i] for i in idx] if rows.choices is not None else None
+def _allowed(rows: Rows, idx: Tensor):
+    return [rows.allowed[i] for i in idx] if rows.allowed is not None else None
 
 
 def advantages(cfg: TrainConfig, rows: Rows) -> Tensor:
@@ -126,7 +126,7 @@ def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_
     for chunk in micro_batches(len(rows_idx), cfg.optim.micro_batch_rows):
         idx = rows_idx[chunk]
         logp, m, entropy = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx],
-                                             pad_id, with_entropy=True, choices=_choices(rows, idx))
+                                             pad_id, with_entropy=True, allowed=_allowed(rows, idx))
         width = m.shape[1]
         w = weights[chunk, :width]
         logp_old = batch.logp_old[idx, :width]

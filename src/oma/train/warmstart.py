@@ -19,7 +19,7 @@ import torch
 from rich.progress import Progress
 
 import oma
-from oma.agent.policy import EOS, action_choices, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
+from oma.agent.policy import EOS, action_choices, allowed_positions, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
 from oma.agent.prompt import step_prompt
 from oma.core import micro_batches
 from oma.train.config import TrainConfig
@@ -85,7 +85,8 @@ def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_ro
     prompts = [ids[-max_prompt_tokens:] for ids in tokenizer([d.prompt for d in demos], add_special_tokens=False)["input_ids"]]
     actions = tokenizer([d.action for d in demos], add_special_tokens=False)["input_ids"]
     responses = [a + [tokenizer.convert_tokens_to_ids(EOS)] for a in actions]
-    choices = [action_choices(tokenizer, d.admissible) for d in demos] if constrained else None
+    allowed = ([allowed_positions(action_choices(tokenizer, d.admissible), r) for d, r in zip(demos, responses)]
+               if constrained else None)  # once, not every epoch
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     losses = []
@@ -97,7 +98,7 @@ def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_ro
         for chunk in micro_batches(len(demos), batch_rows):
             idx = order[chunk].tolist()
             logp, mask, _ = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx],
-                                              tokenizer.pad_token_id, choices=[choices[i] for i in idx] if choices else None)
+                                              tokenizer.pad_token_id, allowed=[allowed[i] for i in idx] if allowed else None)
             loss = -(logp * mask).sum() / mask.sum()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
