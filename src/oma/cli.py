@@ -9,6 +9,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("oma.train.cli", "train an agent with stepwise RL (GRPO/RLOO/GiGPO, PPO/GSPO) and OMA switches"),
     "audit": ("oma.diagnostics.cli", "audit the implicit trajectory weighting of a rollout batch (file or run dir)"),
+    "compare": ("oma.experiments.compare", "run the row/trajectory x native/MA accountings over seeds at a matched horizon"),
+    "report": ("oma.experiments.report", "write the report of an `oma compare` directory (curves, endpoint, nAUC, 95% CIs)"),
 }
 
 

@@ -1,0 +1,496 @@
+"""``oma report DIR [--out FILE.md] [--horizon H]``: the report of an ``oma compare`` directory (DESIGN §8).
+
+Reads ``DIR/compare.json`` and every run's ``metrics.jsonl`` and ``batches/``; writes
+``DIR/report.md`` (or FILE.md), PNGs beside it and ``results.json`` (every number of the report).
+
+Per run (seed k of variant v), at the matched horizon H:
+
+* the success curve: ``eval_success`` at the evaluation iterations ≤ H (iteration 0 = warm start);
+* endpoint = mean of the last 3 evaluations ≤ H; nAUC = trapezoid area on [0, H] / H
+  (:mod:`oma.experiments.stats`);
+* env steps = Σ of the training rows (one row per agent step) over iterations 1..H;
+* the expansion–outcome coupling of its own rollouts, from :func:`oma.diagnostics.audit` of each
+  dumped batch ≤ H, averaged over iterations (mean of the defined values).
+
+Per variant: mean and 95% Student-t CI over seeds, and the paired difference to row+native
+(same seed: same warm start, same task seeds); significant = its CI excludes 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oma.experiments.stats import (
+    ENDPOINT_EVALS,
+    Estimate,
+    curve_to_horizon,
+    endpoint,
+    endpoint_iterations,
+    mean_ci,
+    nauc,
+    paired_diff,
+)
+from oma.experiments.variants import BASELINE, VARIANTS
+
+COUPLING: tuple[tuple[str, str, str], ...] = (
+    ("rows_per_traj_failure", "rows/traj, failures", "mean K_τ of failed trajectories"),
+    ("rows_per_traj_success", "rows/traj, successes", "mean K_τ of successful trajectories"),
+    ("expansion_ratio", "K fail / K success", "expansion ratio: mean rows of failures over mean rows of successes"),
+    ("coupling_rows_outcome", "corr(K, R)", "within-group correlation of rows and outcome (−1: longer = worse)"),
+    ("failure_mass_native", "failure mass, native", ("objective-mass share of failures under row+native "
+     "(the reducer's native mass: what verl-agent's loss gives them)")),
+    ("failure_mass_own", "failure mass, own", ("objective-mass share of failures under the variant's own "
+     "accounting (the mass it actually trained with)")),
+)
+"""(key, column title, meaning) of the coupling figures averaged per run."""
+
+IMAGES = {
+    "success_curves": "success_curves.png",
+    "endpoint": "endpoint.png",
+    "nauc": "nauc.png",
+    "paired": "paired_differences.png",
+}
+
+
+class ReportError(ValueError):
+    """The directory cannot be reported on; the message says why."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ReportError(message)
+
+
+# ------------------------------------------------------------------------------------------------
+# One run
+
+
+@dataclass
+class RunResult:
+    """The figures of one finished run cut at the horizon."""
+
+    variant: str
+    seed: int
+    run_dir: Path
+    eval_iterations: list[int]
+    eval_success: list[float]
+    endpoint: float
+    endpoint_iterations: list[float]
+    nauc: float
+    env_steps: int
+    coupling: dict[str, float] = field(default_factory=dict)
+    audited_batches: int = 0
+
+
+def _records(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def run_coupling(run_dir: Path, horizon: int, config: dict, audit_name: str) -> tuple[dict[str, float], int]:
+    """The coupling figures of ``run_dir``'s dumped batches at iterations ≤ horizon, each averaged
+    over the batches where it is defined (NaN when it never is); also the number of batches audited."""
+    import torch
+
+    from oma.diagnostics import audit, read_batch, run_batches
+
+    algo = config.get("algo", {})
+    values: dict[str, list[float]] = {k: [] for k, _, _ in COUPLING}
+    n = 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many small O(R) passes: one thread is fastest (as in `oma audit`)
+    try:
+        for it, path in run_batches(run_dir):
+            if it > horizon:
+                continue
+            b = read_batch(path)
+            r = audit(b.scores, b.group_index, b.traj_index, response_tokens=b.response_tokens,
+                      response_length=b.response_length, step_index=b.step_index, anchor=b.anchor,
+                      step_rewards=b.step_rewards, won=b.won, reducer=algo.get("reducer", "token-mean"),
+                      aligned_mass="uniform", estimator=algo.get("estimator", "grpo"),
+                      norm_by_std=algo.get("norm_by_std", True), gamma=algo.get("gamma", 0.95),
+                      step_advantage_w=algo.get("step_advantage_w", 1.0))
+            n += 1
+            got = {
+                "rows_per_traj_failure": r.rows_per_traj_failure_mean,
+                "rows_per_traj_success": r.rows_per_traj_success_mean,
+                "expansion_ratio": r.expansion_ratio_fail_over_success,
+                "coupling_rows_outcome": r.coupling_rows_outcome,
+                "failure_mass_native": r.accountings["row+native"].mass_share_failure,
+                "failure_mass_own": r.accountings[audit_name].mass_share_failure,
+            }
+            for k, v in got.items():
+                if math.isfinite(v):
+                    values[k].append(float(v))
+    finally:
+        torch.set_num_threads(threads)
+    return {k: float(np.mean(v)) if v else math.nan for k, v in values.items()}, n
+
+
+def load_run(run_dir: Path, variant: str, seed: int, horizon: int) -> RunResult | str:
+    """The run's figures at ``horizon``, or a one-line reason why it cannot be used."""
+    if not (run_dir / "summary.json").is_file():
+        return "not finished (no summary.json)"
+    records = _records(run_dir)
+    evals = [(int(r["iteration"]), float(r["eval_success"])) for r in records if "eval_success" in r]
+    last = max((int(r["iteration"]) for r in records), default=0)
+    if last < horizon:
+        return f"trained for {last} iterations only, fewer than the horizon {horizon}"
+    its = [i for i, _ in evals]
+    vals = [v for _, v in evals]
+    try:
+        ep = endpoint(its, vals, horizon)
+        area = nauc(its, vals, horizon)
+    except ValueError as e:
+        return str(e)
+    config = json.loads((run_dir / "config.json").read_text())
+    audit_name = VARIANTS[variant].audit_name if variant in VARIANTS else "row+native"
+    coupling, n = run_coupling(run_dir, horizon, config, audit_name)
+    steps = sum(int(r.get("rows", 0)) for r in records if 1 <= int(r["iteration"]) <= horizon)
+    return RunResult(variant, seed, run_dir, its, vals, ep, endpoint_iterations(its, horizon), area, steps, coupling, n)
+
+
+# ------------------------------------------------------------------------------------------------
+# Analysis
+
+
+def _ci_or_none(values: list[float]) -> Estimate | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return mean_ci(finite) if finite else None
+
+
+def _variant_curve(results: list[RunResult], horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    cut = [curve_to_horizon(r.eval_iterations, r.eval_success, horizon) for r in results]
+    grid = np.unique(np.concatenate([x for x, _ in cut]))
+    ys = np.stack([np.interp(grid, x, y) for x, y in cut])  # identical grids: no interpolation happens
+    est = [mean_ci(ys[:, j]) for j in range(len(grid))]
+    return grid, np.array([e.mean for e in est]), np.array([e.half_width for e in est]), len(results)
+
+
+def analyse(out: Path, horizon: int | None = None) -> dict[str, Any]:
+    """Every figure of the report as a dict (``results.json``), plus the RunResults under ``_runs``."""
+    path = out / "compare.json"
+    if not path.is_file():
+        raise ReportError(f"{out} has no compare.json; is it an `oma compare` output directory?")
+    doc = json.loads(path.read_text())
+    h = int(horizon if horizon is not None else doc["horizon"])
+    if h < 1:
+        raise ReportError(f"--horizon must be >= 1, got {h}")
+    variants = [v["name"] for v in doc["variants"]]
+    seeds = [int(s) for s in doc["seeds"]]
+    runs: dict[str, dict[int, RunResult]] = {v: {} for v in variants}
+    missing: list[str] = []
+    for v in variants:
+        for k in seeds:
+            got = load_run(out / v / f"seed-{k}", v, k, h)
+            if isinstance(got, str):
+                missing.append(f"{v}/seed-{k}: {got}")
+            else:
+                runs[v][k] = got
+    if not any(runs.values()):
+        raise ReportError(f"{out}: no finished run to report on ({'; '.join(missing)})")
+
+    per_variant: dict[str, Any] = {}
+    for v in variants:
+        rs = [runs[v][k] for k in seeds if k in runs[v]]
+        entry: dict[str, Any] = {"n_seeds": len(rs), "seeds": [r.seed for r in rs]}
+        if rs:
+            entry["endpoint"] = mean_ci([r.endpoint for r in rs])
+            entry["nauc"] = mean_ci([r.nauc for r in rs])
+            entry["env_steps"] = mean_ci([float(r.env_steps) for r in rs])
+            entry["coupling"] = {key: _ci_or_none([r.coupling[key] for r in rs]) for key, _, _ in COUPLING}
+            entry["curve"] = _variant_curve(rs, h)
+        if v != BASELINE and BASELINE in runs:
+            paired = [k for k in seeds if k in runs[v] and k in runs[BASELINE]]
+            if paired:
+                entry["paired_seeds"] = paired
+                entry["diff_endpoint"] = paired_diff([runs[v][k].endpoint for k in paired],
+                                                     [runs[BASELINE][k].endpoint for k in paired])
+                entry["diff_nauc"] = paired_diff([runs[v][k].nauc for k in paired],
+                                                 [runs[BASELINE][k].nauc for k in paired])
+        per_variant[v] = entry
+    ep_its = sorted({tuple(r.endpoint_iterations) for rv in runs.values() for r in rv.values()})
+    return {"compare": doc, "horizon": h, "variants": variants, "seeds": seeds, "per_variant": per_variant,
+            "missing": missing, "endpoint_iterations": [list(t) for t in ep_its], "_runs": runs}
+
+
+def significance_statements(a: dict[str, Any]) -> list[str]:
+    """Plain-language statements of which paired differences are significant (and that none are)."""
+    lines: list[str] = []
+    tested = 0
+    for v, e in a["per_variant"].items():
+        for metric, label in (("diff_endpoint", "endpoint success"), ("diff_nauc", "nAUC")):
+            d: Estimate | None = e.get(metric)
+            if d is None:
+                continue
+            tested += 1
+            if d.significant:
+                way = "higher" if d.mean > 0 else "lower"
+                lines.append(f"{v} has a significantly {way} {label} than {BASELINE}: paired difference "
+                             f"{_signed(d.mean)} (95% CI {_signed(d.lo)} to {_signed(d.hi)}, n={d.n} seeds).")
+    if not tested:
+        return [f"No paired difference could be computed (no seed where both {BASELINE} and another variant finished)."]
+    if not lines:
+        diffs = [e[m] for e in a["per_variant"].values() for m in ("diff_endpoint", "diff_nauc") if m in e]
+        if all(not math.isfinite(d.half_width) for d in diffs):
+            return [("With one seed per variant the 95% CIs are undefined: no difference can be called significant. "
+                    "Run more seeds (DESIGN §8 asks for at least 3).")]
+        return [(f"No difference is significant: every 95% CI of a paired difference to {BASELINE} "
+                "(endpoint and nAUC) includes 0.")]
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _num(x: float, digits: int = 3) -> str:
+    return f"{x:.{digits}f}" if x is not None and math.isfinite(x) else "n/a"
+
+
+def _signed(x: float, digits: int = 3) -> str:
+    return f"{x:+.{digits}f}" if math.isfinite(x) else "n/a"
+
+
+def _est(e: Estimate | None, digits: int = 3) -> str:
+    if e is None:
+        return "n/a"
+    hw = f" ± {e.half_width:.{digits}f}" if math.isfinite(e.half_width) else " ± n/a"
+    return f"{_num(e.mean, digits)}{hw}"
+
+
+def _diff(e: Estimate | None) -> str:
+    if e is None:
+        return "—"
+    ci = f" [{_signed(e.lo)}, {_signed(e.hi)}]" if math.isfinite(e.half_width) else " [n/a]"
+    text = f"{_signed(e.mean)}{ci}"
+    return f"**{text}** ✱" if e.significant else text
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out + [""]
+
+
+def _minutes(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "n/a"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
+    """The report as Markdown (``images`` maps IMAGES keys to relative file names)."""
+    doc, h, pv = a["compare"], a["horizon"], a["per_variant"]
+    cfg = doc["config"]
+    algo = cfg.get("algo", {})
+    m = doc.get("machine", {})
+    out = [f"# oma compare: {doc['config'].get('out_dir', '')}", ""]
+    out += ["## Command", "", "```", doc["command"], "```", ""]
+    n_ep = ", ".join("(" + ", ".join(f"{i:g}" for i in its) + ")" for its in a["endpoint_iterations"])
+    out += ["## Setup", "",
+            f"* variants: {', '.join(a['variants'])}; baseline {BASELINE} (verl-agent's stepwise accounting)",
+            (f"* seeds: {', '.join(map(str, a['seeds']))} "
+            "(within a seed every variant shares the warm start and the task seeds)"),
+            f"* matched horizon H = {h} iterations"
+            + (f" (the runs were launched with --horizon {doc['horizon']})" if h != doc["horizon"] else ""),
+            (f"* optimizer: estimator {algo.get('estimator')}, objective {algo.get('objective')}, reducer "
+            f"{algo.get('reducer')}, norm_by_std {algo.get('norm_by_std')}"),
+            (f"* environment: {cfg.get('env', {}).get('name')} {json.dumps(cfg.get('env', {}).get('options', {}))}, "
+            f"{cfg.get('env', {}).get('tasks_per_iter')} tasks × {cfg.get('env', {}).get('group_size')} episodes per "
+            f"iteration, {cfg.get('env', {}).get('eval_tasks')} held-out tasks evaluated every {cfg.get('eval_every')} "
+            "iterations (and at 0 and H)"),
+            (f"* endpoint = mean of the last {ENDPOINT_EVALS} evaluations at iterations ≤ H, here iterations {n_ep} "
+            "(fewer when fewer evaluations fall at or before H; never interpolated)"),
+            ("* nAUC = trapezoid area under the success curve on [0, H] / H (the value at H is interpolated linearly "
+            "between evaluations when H is not an evaluation iteration)"),
+            ""]
+    variants_table = [[v["name"], v["algo.accounting"], v["algo.mass"]] for v in doc["variants"]]
+    out += _table(["variant", "algo.accounting", "algo.mass"], variants_table)
+
+    out += ["## Results", "",
+            (f"Mean ± 95% CI (Student t) over seeds at H = {h}; Δ = paired difference to {BASELINE} (same seed), "
+            "mean [95% CI]; **bold ✱** = the CI excludes 0."), ""]
+    rows = []
+    for v in a["variants"]:
+        e = pv[v]
+        if not e["n_seeds"]:
+            rows.append([v, "0", "n/a", "n/a", "—", "—", "n/a", "n/a", "n/a"])
+            continue
+        cpl = e["coupling"]
+        rows.append([v, str(e["n_seeds"]), _est(e["endpoint"]), _est(e["nauc"]),
+                     "baseline" if v == BASELINE else _diff(e.get("diff_endpoint")),
+                     "baseline" if v == BASELINE else _diff(e.get("diff_nauc")),
+                     _est(cpl["expansion_ratio"], 2), _est(cpl["failure_mass_native"], 2), _est(e["env_steps"], 0)])
+    out += _table(["variant", "seeds", "endpoint", "nAUC", "Δ endpoint", "Δ nAUC", "K fail / K success",
+                   "failure mass, native", "env steps (training)"], rows)
+    out += [("Coupling columns: the variant's own rollouts, audited (next sections); env steps = training rows "
+            "(one per agent step) over iterations 1..H, evaluation episodes excluded."), ""]
+
+    out += ["## Significance", ""]
+    out += [f"* {s}" for s in significance_statements(a)] + [""]
+    if a["missing"]:
+        out += ["Runs left out (rerun `oma compare` with the same arguments to finish them):", ""]
+        out += [f"* {x}" for x in a["missing"]] + [""]
+
+    out += ["## Success curves", "", f"![Success curves with 95% CI bands]({images['success_curves']})", ""]
+    out += ["## Endpoint and nAUC", "",
+            f"![Endpoint success, mean and 95% CI]({images['endpoint']})", "",
+            f"![nAUC, mean and 95% CI]({images['nauc']})", "",
+            f"![Paired differences to {BASELINE}]({images['paired']})", ""]
+
+    out += ["## Expansion–outcome coupling", "",
+            ("From `oma audit` of every dumped training batch at iterations ≤ H, averaged over the iterations where "
+            "a figure is defined (e.g. K fail / K success needs both outcomes in the batch), then mean ± 95% CI "
+            "over seeds (n = the seeds where it is defined, when fewer). Each variant's own rollouts."), ""]
+    crow = []
+    for v in a["variants"]:
+        e = pv[v]
+        cells = []
+        for k, _, _ in COUPLING:
+            c = e.get("coupling", {}).get(k)
+            cells.append(_est(c, 2) + (f" (n={c.n})" if c is not None and c.n < e["n_seeds"] else ""))
+        crow.append([v] + cells)
+    out += _table(["variant"] + [t for _, t, _ in COUPLING], crow)
+    out += [f"* **{t}**: {meaning}." for _, t, meaning in COUPLING] + [""]
+
+    out += ["## Per-seed values", ""]
+    prow = []
+    for v in a["variants"]:
+        for k, r in sorted(a["_runs"][v].items()):
+            prow.append([v, str(k), _num(r.endpoint), _num(r.nauc), str(r.env_steps),
+                         _num(r.coupling["expansion_ratio"], 2), _num(r.coupling["failure_mass_native"], 2),
+                         str(r.audited_batches)])
+    out += _table(["variant", "seed", "endpoint", "nAUC", "env steps", "K fail / K success", "failure mass, native",
+                   "batches audited"], prow)
+
+    out += ["## Machine and wall time", ""]
+    out += [(f"* {m.get('platform')} ({m.get('machine')}), Python {m.get('python')}, torch {m.get('torch')}, "
+            f"oma {m.get('oma')}"),
+            (f"* CPUs: {m.get('cpu_count')} ({m.get('usable_cpus')} usable); jobs {m.get('jobs')}, "
+            f"{m.get('threads_per_run')} torch threads per run"),
+            (f"* last invocation: started {doc.get('started')}, wall time {_minutes(doc.get('wall_time_s'))}; "
+            f"all invocations: {_minutes(sum(x.get('wall_time_s') or 0 for x in doc.get('history', [])))}"),
+            ""]
+    wrows = []
+    for v in a["variants"]:
+        for k in a["seeds"]:
+            r = doc.get("runs", {}).get(f"{v}/seed-{k}", {})
+            wrows.append([f"{v}/seed-{k}", r.get("status", "?"), _minutes(r.get("wall_time_total_s"))])
+    ws = doc.get("warm_starts", {})
+    out += _table(["run", "status (last invocation)", "training wall time (all invocations)"], wrows)
+    if ws:
+        out += _table(["warm start", "cache key", "was cached", "wall time"],
+                      [[k, w.get("cache_key", ""), str(w.get("was_cached")), _minutes(w.get("wall_time_s"))]
+                       for k, w in sorted(ws.items())])
+
+    out += ["## Config", "",
+            "The config every run shares (`algo.accounting`, `algo.mass` and `seed` are set per run; see Setup):", "",
+            "```json", json.dumps(cfg, indent=2), "```", ""]
+    if doc.get("overrides"):
+        on = f" on `{doc['config_path']}`" if doc.get("config_path") else ""
+        out += ["Overrides: `" + " ".join(doc["overrides"]) + "`" + on, ""]
+    out += ["Definitions and how to read this report: docs/experiments.md (DESIGN §8).", ""]
+    return "\n".join(out)
+
+
+def results_dict(a: dict[str, Any]) -> dict[str, Any]:
+    """JSON form of the analysis (results.json)."""
+    def est(e):
+        return e.to_dict() if isinstance(e, Estimate) else None
+
+    pv = {}
+    for v, e in a["per_variant"].items():
+        d = {k: e[k] for k in ("n_seeds", "seeds", "paired_seeds") if k in e}
+        for k in ("endpoint", "nauc", "env_steps", "diff_endpoint", "diff_nauc"):
+            if k in e:
+                d[k] = est(e[k])
+        if "coupling" in e:
+            d["coupling"] = {k: est(x) for k, x in e["coupling"].items()}
+        if "curve" in e:
+            x, mean, hw, n = e["curve"]
+            d["curve"] = {"iterations": x.tolist(), "mean": mean.tolist(),
+                          "half_width": [float(h) if math.isfinite(h) else None for h in hw], "n": n}
+        pv[v] = d
+
+    def num(x):
+        return float(x) if math.isfinite(x) else None
+
+    runs = [{"variant": r.variant, "seed": r.seed, "endpoint": r.endpoint, "endpoint_iterations": r.endpoint_iterations,
+             "nauc": r.nauc, "env_steps": r.env_steps, "eval_iterations": r.eval_iterations,
+             "eval_success": r.eval_success, "audited_batches": r.audited_batches,
+             "coupling": {k: num(x) for k, x in r.coupling.items()}}
+            for rv in a["_runs"].values() for r in rv.values()]
+    return {"horizon": a["horizon"], "baseline": BASELINE, "variants": pv, "runs": runs, "missing": a["missing"],
+            "significance": significance_statements(a)}
+
+
+def write_report(out: Path, out_file: Path | None = None, horizon: int | None = None, console=None) -> Path:
+    """Analyse ``out`` and write the Markdown report, its PNGs (beside it) and results.json; return its path."""
+    from oma.experiments import plots
+    from oma.train.checkpoint import atomic_write_text
+
+    out = Path(out)
+    if not (out / "compare.json").is_file():
+        raise ReportError(f"{out} has no compare.json; is it an `oma compare` output directory?")
+    target = Path(out_file) if out_file is not None else out / "report.md"
+    folder = target.resolve().parent
+    if not folder.is_dir():
+        raise ReportError(f"--out {target}: directory {target.parent} does not exist")
+    if target.is_dir():
+        raise ReportError(f"--out {target}: is a directory; give a file name such as report.md")
+    a = analyse(out, horizon)
+    pv = a["per_variant"]
+    h = a["horizon"]
+    plots.success_curves({v: e["curve"] for v, e in pv.items() if "curve" in e}, h, folder / IMAGES["success_curves"])
+    with_runs = [v for v in a["variants"] if pv[v]["n_seeds"]]
+    per_seed = {v: [r.endpoint for r in a["_runs"][v].values()] for v in with_runs}
+    plots.metric_bars({v: pv[v]["endpoint"] for v in with_runs}, per_seed,
+                      f"Endpoint success at H = {h} (mean of the last {ENDPOINT_EVALS} evaluations)",
+                      "held-out success", folder / IMAGES["endpoint"])
+    per_seed = {v: [r.nauc for r in a["_runs"][v].values()] for v in with_runs}
+    plots.metric_bars({v: pv[v]["nauc"] for v in with_runs}, per_seed, f"nAUC on [0, {h}]", "time-averaged success",
+                      folder / IMAGES["nauc"])
+    diffs = {v: {"endpoint": pv[v]["diff_endpoint"], "nAUC": pv[v]["diff_nauc"]} for v in a["variants"]
+             if "diff_endpoint" in pv[v]}
+    plots.paired_differences(diffs, folder / IMAGES["paired"])
+    atomic_write_text(folder / "results.json" if target.name == "report.md" else folder / f"{target.stem}.results.json",
+                      json.dumps(results_dict(a), indent=2))
+    atomic_write_text(target, render_markdown(a, IMAGES))
+    if console is not None:
+        for s in significance_statements(a):
+            console.print(s)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    p = _Parser(prog="oma report", description="Write the report of an `oma compare` directory: success curves, "
+                "endpoint and nAUC with 95% CIs, paired differences to row+native, coupling (docs/experiments.md).")
+    p.add_argument("dir", metavar="DIR", help="the `oma compare` output directory (holds compare.json)")
+    p.add_argument("--out", default=None, metavar="FILE.md",
+                   help="Markdown file to write (default DIR/report.md); PNGs go beside it")
+    p.add_argument("--horizon", type=int, default=None, metavar="H",
+                   help="matched horizon H (default: the one of compare.json); "
+                   "every run must have reached it")
+    try:
+        args = p.parse_args(argv)
+        if args.horizon is not None and args.horizon < 1:
+            raise ReportError(f"--horizon must be >= 1, got {args.horizon}")
+        from rich.console import Console
+
+        path = write_report(Path(args.dir), Path(args.out) if args.out else None, args.horizon, Console())
+    except SystemExit as done:  # --help
+        return int(done.code or 0) if isinstance(done.code, int) else 0
+    except (ReportError, OSError, ValueError) as e:
+        print(f"oma report: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    print(f"oma report: wrote {path}")
+    return 0

@@ -1,0 +1,349 @@
+"""`oma compare` and `oma report` (DESIGN §8): a tiny smoke run, resume, a hand-made directory, bad arguments."""
+
+import json
+import math
+import shutil
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from oma.cli import main as oma_main
+from oma.diagnostics import write_batch
+from oma.experiments.compare import run_config
+from oma.experiments.variants import VARIANTS
+from oma.train import loop
+from oma.train.config import load_config
+from oma.train.loop import task_seeds
+from oma.train.warmstart import cache_key
+
+TINY = [
+    "policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=400",
+    "warm_start.episodes=3", "warm_start.epochs=1", "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2",
+    "env.options.max_steps=4", "eval_every=1", "checkpoint_every=1", "threads=1", "policy.max_new_tokens=6",
+    "tensorboard=false",
+]
+SECTIONS = ["## Command", "## Setup", "## Results", "## Significance", "## Success curves", "## Endpoint and nAUC",
+            "## Expansion–outcome coupling", "## Per-seed values", "## Machine and wall time", "## Config"]
+PNGS = ["success_curves.png", "endpoint.png", "nauc.png", "paired_differences.png"]
+T975 = {1: 12.706, 2: 4.303, 3: 3.182}  # Student-t table, two-sided 95%
+
+
+def _is_png(path):
+    return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_variants_share_warm_start_and_task_seeds_within_a_seed(tmp_path):
+    base = load_config(None, TINY)
+    for seed in (0, 1):
+        cfgs = [run_config(base, v, seed, 3, tmp_path / v.name) for v in VARIANTS.values()]
+        assert {(c.algo.accounting, c.algo.mass) for c in cfgs} == {
+            ("row", "native"), ("row", "uniform"), ("trajectory", "native"), ("trajectory", "uniform")}
+        assert len({cache_key(c) for c in cfgs}) == 1  # the warm-start cache ignores algo.*
+        for it in (1, 2, 3):
+            assert len({tuple(task_seeds(c, it)) for c in cfgs}) == 1
+        assert all(c.dump_batches and c.iterations == 3 and c.seed == seed for c in cfgs)
+    a, b = (run_config(base, VARIANTS["OA+MA"], s, 3, tmp_path) for s in (0, 1))
+    assert cache_key(a) != cache_key(b) and task_seeds(a, 1) != task_seeds(b, 1)  # seeds do differ
+
+
+def test_compare_smoke_report_and_resume(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "cmp"
+    cache = f"warm_start.cache_dir={tmp_path / 'cache'}"
+
+    def args(horizon=2, extra=()):
+        return ["compare", *TINY, cache, *extra, "--variants", "2", "--seeds", "2", "--horizon", str(horizon),
+                "--out", str(out)]
+
+    argv = args()
+    assert oma_main(argv) == 0
+
+    # ---- layout and compare.json --------------------------------------------------------------
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["command"].startswith("oma compare ") and "--horizon 2" in doc["command"]
+    assert doc["horizon"] == 2 and doc["seeds"] == [0, 1]
+    assert [v["name"] for v in doc["variants"]] == ["row+native", "OA+MA"]
+    assert doc["config"]["iterations"] == 2 and doc["config"]["dump_batches"] is True
+    assert doc["overrides"] == [*TINY, cache]
+    for key in ("platform", "cpu_count", "torch", "jobs", "threads_per_run"):
+        assert key in doc["machine"]
+    assert set(doc["warm_starts"]) == {"seed-0", "seed-1"}
+    runs = {}
+    for v, accounting, mass in (("row+native", "row", "native"), ("OA+MA", "trajectory", "uniform")):
+        for k in (0, 1):
+            rd = out / v / f"seed-{k}"
+            cfg = json.loads((rd / "config.json").read_text())
+            assert (cfg["algo"]["accounting"], cfg["algo"]["mass"], cfg["seed"]) == (accounting, mass, k)
+            assert (rd / "summary.json").is_file() and (rd / "batches" / "iter_000002.parquet").is_file()
+            entry = doc["runs"][f"{v}/seed-{k}"]
+            assert entry["status"] == "trained" and entry["wall_time_s"] > 0
+            records = [json.loads(ln) for ln in (rd / "metrics.jsonl").read_text().splitlines()]
+            assert records[0]["warm_start"]["cached"] is True  # built before the runs, never by a run
+            runs[(v, k)] = records
+
+    # ---- report: every section, PNGs, numbers recomputed by hand from metrics.jsonl --------------
+    report = (out / "report.md").read_text()
+    for section in SECTIONS:
+        assert section in report, section
+    assert all(_is_png(out / p) for p in PNGS)
+    assert doc["command"] in report
+    results = json.loads((out / "results.json").read_text())
+    for (v, k), records in runs.items():
+        ev = [r["eval_success"] for r in records if "eval_success" in r]  # iterations 0, 1, 2
+        got = next(r for r in results["runs"] if r["variant"] == v and r["seed"] == k)
+        assert got["endpoint"] == pytest.approx(sum(ev) / 3)
+        assert got["nauc"] == pytest.approx(((ev[0] + ev[1]) / 2 + (ev[1] + ev[2]) / 2) / 2)
+        assert got["env_steps"] == records[1]["rows"] + records[2]["rows"]
+        assert got["audited_batches"] == 2
+    ends = {(r["variant"], r["seed"]): r["endpoint"] for r in results["runs"]}
+    d = [ends[("OA+MA", k)] - ends[("row+native", k)] for k in (0, 1)]
+    diff = results["variants"]["OA+MA"]["diff_endpoint"]
+    assert diff["mean"] == pytest.approx(sum(d) / 2)
+    assert diff["half_width"] == pytest.approx(T975[1] * statistics.stdev(d) / math.sqrt(2), rel=1e-3, abs=1e-12)
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("*/seed-*/summary.json")}
+    assert len(mtimes) == 4
+
+    # ---- second invocation: every finished run is reused, nothing trains -----------------------
+    def no_train(*a, **k):
+        raise AssertionError("a finished run was retrained")
+
+    monkeypatch.setattr(loop, "train", no_train)
+    assert oma_main(argv) == 0
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    doc = json.loads((out / "compare.json").read_text())
+    assert {e["status"] for e in doc["runs"].values()} == {"reused"} and len(doc["history"]) == 2
+    monkeypatch.undo()
+
+    # ---- a run with a checkpoint but no summary is resumed; a partial run without one restarts ---
+    calls = []
+    real_train = loop.train
+
+    def counting_train(cfg, run_dir, *, resume=False, console=None):
+        calls.append((run_dir.parent.name, run_dir.name, resume))
+        return real_train(cfg, run_dir, resume=resume, console=console)
+
+    monkeypatch.setattr(loop, "train", counting_train)
+    (out / "OA+MA" / "seed-0" / "summary.json").unlink()
+    partial = out / "row+native" / "seed-1"
+    shutil.rmtree(partial)
+    partial.mkdir()
+    (partial / "junk.txt").write_text("half a run")
+    assert oma_main(argv) == 0
+    assert sorted(calls) == [("OA+MA", "seed-0", True), ("row+native", "seed-1", False)]
+    assert not (partial / "junk.txt").exists() and (partial / "summary.json").is_file()
+    doc = json.loads((out / "compare.json").read_text())
+    status = {k: e["status"] for k, e in doc["runs"].items()}
+    assert status == {"row+native/seed-0": "reused", "OA+MA/seed-0": "resumed", "row+native/seed-1": "trained",
+                      "OA+MA/seed-1": "reused"}
+
+    # ---- a longer horizon extends every run from its last checkpoint ----------------------------
+    calls.clear()
+    assert oma_main(args(horizon=3)) == 0
+    assert sorted(calls) == sorted((v, f"seed-{k}", True) for v in ("row+native", "OA+MA") for k in (0, 1))
+    for rd in out.glob("*/seed-*"):
+        its = [json.loads(ln)["iteration"] for ln in (rd / "metrics.jsonl").read_text().splitlines()]
+        assert its == [0, 1, 2, 3]
+    assert json.loads((out / "results.json").read_text())["horizon"] == 3
+
+    # ---- a failing run is recorded, the others are reported, the exit status is 1 ---------------
+    def broken_train(cfg, run_dir, *, resume=False, console=None):
+        raise RuntimeError("simulated crash")
+
+    monkeypatch.setattr(loop, "train", broken_train)
+    (out / "OA+MA" / "seed-1" / "summary.json").unlink()
+    assert oma_main(args(horizon=3)) == 1
+    entry = json.loads((out / "compare.json").read_text())["runs"]["OA+MA/seed-1"]
+    assert entry["status"] == "failed" and "simulated crash" in entry["error"]
+    report = (out / "report.md").read_text()
+    assert "OA+MA/seed-1: not finished" in report and "| OA+MA | 1 |" in report
+
+    # ---- the same directory with another config is refused, naming the key --------------------
+    capsys.readouterr()
+    assert oma_main(args(extra=["env.group_size=3"])) == 2
+    err = capsys.readouterr().err
+    assert "env.group_size" in err and "another config" in err
+
+
+def test_compare_parallel_jobs_one_seed(tmp_path):
+    out = tmp_path / "par"
+    argv = ["compare", *TINY, f"warm_start.cache_dir={tmp_path / 'cache'}", "--variants", "2", "--seeds", "1",
+            "--horizon", "1", "--out", str(out), "--jobs", "2"]
+    assert oma_main(argv) == 0
+    doc = json.loads((out / "compare.json").read_text())
+    assert {e["status"] for e in doc["runs"].values()} == {"trained"}
+    assert doc["machine"]["jobs"] == 2 and doc["machine"]["threads_per_run"] >= 1
+    for v in ("row+native", "OA+MA"):
+        rd = out / v / "seed-0"
+        first = json.loads((rd / "metrics.jsonl").read_text().splitlines()[0])
+        assert first["warm_start"]["cached"] is True  # no worker built (or raced on) the warm start
+        assert (rd / "train.log").is_file()
+    report = (out / "report.md").read_text()
+    assert "one seed per variant" in report  # a CI needs two seeds; nothing is called significant
+
+
+# ------------------------------------------------------------------------------------------------
+# `oma report` on a hand-made directory: every number checked by hand arithmetic
+
+
+def _fake_run(rd, curve, rows_per_iter=6, horizon=4, eval_every=2, summary=True):
+    """A run directory with eval_success ``curve`` at 0, 2, 4 and one batch per iteration: one group of a
+    success (2 rows × 3 tokens, score 1) and a failure (4 rows × 3 tokens, score 0)."""
+    rd.mkdir(parents=True)
+    (rd / "config.json").write_text(json.dumps({"algo": {"reducer": "token-mean", "estimator": "grpo",
+                                                         "norm_by_std": True}}))
+    lines = []
+    for it in range(horizon + 1):
+        rec = {"iteration": it}
+        if it:
+            rec["rows"] = rows_per_iter
+        if it % eval_every == 0:
+            rec["eval_success"] = curve[it // eval_every]
+        lines.append(json.dumps(rec))
+        if it:
+            write_batch(rd / "batches" / f"iter_{it:06d}.parquet", group_index=np.zeros(6, dtype=np.int64),
+                        traj_index=np.array([0, 0, 1, 1, 1, 1]), step_index=np.array([0, 1, 0, 1, 2, 3]),
+                        scores=np.array([1.0, 1, 0, 0, 0, 0]), response_mask=torch.ones(6, 3, dtype=torch.bool),
+                        won=np.array([1, 1, 0, 0, 0, 0], dtype=bool))
+    (rd / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    if summary:
+        (rd / "summary.json").write_text(json.dumps({"iterations": horizon}))
+
+
+BASE = {0: [0.0, 0.2, 0.4], 1: [0.1, 0.1, 0.3], 2: [0.0, 0.3, 0.2]}
+OMA = {0: [0.0, 0.4, 0.6], 1: [0.1, 0.3, 0.5], 2: [0.0, 0.5, 0.5]}
+
+
+@pytest.fixture
+def hand_made(tmp_path):
+    out = tmp_path / "hand"
+    for k in (0, 1, 2):
+        _fake_run(out / "row+native" / f"seed-{k}", BASE[k])
+        _fake_run(out / "OA+MA" / f"seed-{k}", OMA[k])
+    _fake_run(out / "OA+MA" / "seed-3", [0.0, 0.9, 0.9], summary=False)  # unfinished: left out
+    _fake_run(out / "row+native" / "seed-3", [0.0, 0.0, 0.0])
+    doc = {"command": "oma compare hand-made --horizon 4", "horizon": 4, "seeds": [0, 1, 2, 3],
+           "variants": [{"name": "row+native", "algo.accounting": "row", "algo.mass": "native"},
+                        {"name": "OA+MA", "algo.accounting": "trajectory", "algo.mass": "uniform"}],
+           "config": {"algo": {"estimator": "grpo"}, "env": {"name": "household"}, "eval_every": 2}, "runs": {}}
+    (out / "compare.json").write_text(json.dumps(doc))
+    return out
+
+
+def _ci(xs):
+    n = len(xs)
+    return sum(xs) / n, T975[n - 1] * statistics.stdev(xs) / math.sqrt(n)
+
+
+def test_report_numbers_on_a_hand_made_directory(hand_made):
+    assert oma_main(["report", str(hand_made)]) == 0
+    res = json.loads((hand_made / "results.json").read_text())
+    base = {**BASE, 3: [0.0, 0.0, 0.0]}
+    # endpoint: mean of the evaluations at 0, 2, 4; nAUC on [0, 4] with steps of 2: (a + 2b + c) / 4
+    ep_base = [sum(c) / 3 for c in base.values()]
+    ep_oma = [sum(OMA[k]) / 3 for k in (0, 1, 2)]
+    auc_base = [(c[0] + 2 * c[1] + c[2]) / 4 for c in base.values()]
+    auc_oma = [(OMA[k][0] + 2 * OMA[k][1] + OMA[k][2]) / 4 for k in (0, 1, 2)]
+    v = res["variants"]
+    for got, xs in ((v["row+native"]["endpoint"], ep_base), (v["row+native"]["nauc"], auc_base),
+                    (v["OA+MA"]["endpoint"], ep_oma), (v["OA+MA"]["nauc"], auc_oma)):
+        mean, hw = _ci(xs)
+        assert got["mean"] == pytest.approx(mean) and got["half_width"] == pytest.approx(hw, rel=2e-4)
+    assert v["OA+MA"]["paired_seeds"] == [0, 1, 2]
+    d_auc = [auc_oma[k] - auc_base[k] for k in (0, 1, 2)]  # [0.15, 0.15, 0.175]
+    mean, hw = _ci(d_auc)
+    got = v["OA+MA"]["diff_nauc"]
+    assert got["mean"] == pytest.approx(mean) and got["half_width"] == pytest.approx(hw, rel=2e-4)
+    assert got["lo"] > 0 and got["significant"] is True
+    d_ep = [ep_oma[k] - ep_base[k] for k in (0, 1, 2)]
+    assert v["OA+MA"]["diff_endpoint"]["mean"] == pytest.approx(sum(d_ep) / 3)
+    assert v["OA+MA"]["diff_endpoint"]["significant"] == (sum(d_ep) / 3 - _ci(d_ep)[1] > 0)
+    # coupling of the hand-made batch: K fail / K success = 4 / 2; failures hold 12 of 18 tokens under the
+    # native token-mean mass, and half the mass under OA+MA (uniform over 2 trajectories); corr(K, R) = −1
+    c = v["OA+MA"]["coupling"]
+    assert c["expansion_ratio"]["mean"] == pytest.approx(2.0)
+    assert c["rows_per_traj_failure"]["mean"] == pytest.approx(4.0)
+    assert c["failure_mass_native"]["mean"] == pytest.approx(12 / 18)
+    assert c["failure_mass_own"]["mean"] == pytest.approx(0.5)
+    assert c["coupling_rows_outcome"]["mean"] == pytest.approx(-1.0)
+    assert v["row+native"]["coupling"]["failure_mass_own"]["mean"] == pytest.approx(12 / 18)
+    assert v["row+native"]["env_steps"]["mean"] == pytest.approx(4 * 6)
+    # the mean curve of OA+MA at 0, 2, 4
+    assert v["OA+MA"]["curve"]["mean"] == pytest.approx([sum(OMA[k][j] for k in OMA) / 3 for j in range(3)])
+
+    report = (hand_made / "report.md").read_text()
+    for section in SECTIONS:
+        assert section in report, section
+    assert "OA+MA has a significantly higher nAUC than row+native" in report
+    assert "OA+MA/seed-3: not finished" in report
+    assert all(_is_png(hand_made / p) for p in PNGS)
+
+
+def test_report_horizon_and_out_file(hand_made, tmp_path):
+    target = tmp_path / "elsewhere" / "h2.md"
+    target.parent.mkdir()
+    assert oma_main(["report", str(hand_made), "--horizon", "2", "--out", str(target)]) == 0
+    res = json.loads((target.parent / "h2.results.json").read_text())
+    assert res["horizon"] == 2
+    # H = 2: endpoint = mean of the evaluations at 0 and 2 (only two up to H); nAUC = (a + b) / 2
+    got = {(r["variant"], r["seed"]): r for r in res["runs"]}
+    assert got[("OA+MA", 1)]["endpoint"] == pytest.approx((0.1 + 0.3) / 2)
+    assert got[("OA+MA", 1)]["endpoint_iterations"] == [0, 2]
+    assert got[("row+native", 2)]["nauc"] == pytest.approx((0.0 + 0.3) / 2)
+    assert got[("OA+MA", 0)]["audited_batches"] == 2  # batches after H are not audited
+    assert all(_is_png(target.parent / p) for p in PNGS)
+    assert "here iterations (0, 2)" in target.read_text()
+
+
+def test_report_says_when_nothing_is_significant(tmp_path):
+    out = tmp_path / "flat"
+    for k in (0, 1, 2):
+        _fake_run(out / "row+native" / f"seed-{k}", [0.1, 0.2, 0.3])
+        _fake_run(out / "OA+MA" / f"seed-{k}", [[0.1, 0.3, 0.3], [0.1, 0.1, 0.3], [0.1, 0.2, 0.2]][k])
+    (out / "compare.json").write_text(json.dumps({
+        "command": "oma compare x", "horizon": 4, "seeds": [0, 1, 2], "config": {},
+        "variants": [{"name": n, "algo.accounting": "", "algo.mass": ""} for n in ("row+native", "OA+MA")]}))
+    assert oma_main(["report", str(out)]) == 0
+    assert "No difference is significant" in (out / "report.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad arguments: exit status 2 and one line naming the flag or key
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--variants", "3x3"], "--variants '3x3' is not valid; expected one of ['2x2', '2']"),
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--horizon", "0"], "--horizon must be >= 1"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--seeds", "many"], "--seeds"),
+    (["algo.mass=native"], "algo.mass cannot be overridden here; it is set per variant by --variants"),
+    (["algo.accounting=row"], "algo.accounting"),
+    (["iterations=5"], "use --horizon"),
+    (["seed=3"], "--seeds"),
+    (["out_dir=x"], "use --out"),
+    (["env.group_sise=4"], "unknown config key"),
+    (["configs/no-such.yaml"], "does not exist"),
+])
+def test_compare_bad_arguments(args, needle, tmp_path, capsys):
+    assert oma_main(["compare", *args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("oma compare: error:") and needle in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_report_bad_arguments(tmp_path, hand_made, capsys):
+    assert oma_main(["report", str(tmp_path / "nothing")]) == 2
+    assert "no compare.json" in capsys.readouterr().err
+    assert oma_main(["report", str(hand_made), "--horizon", "0"]) == 2
+    assert "--horizon must be >= 1" in capsys.readouterr().err
+    assert oma_main(["report", str(hand_made), "--horizon", "9"]) == 2  # no run reached it
+    assert "fewer than the horizon 9" in capsys.readouterr().err
+    assert oma_main(["report", str(hand_made), "--out", str(tmp_path / "missing" / "r.md")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_lists_the_commands(capsys):
+    assert oma_main([]) == 0
+    text = capsys.readouterr().out
+    assert "compare" in text and "report" in text

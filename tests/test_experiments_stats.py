@@ -1,0 +1,126 @@
+"""oma.experiments.stats: Student-t quantiles, endpoint, nAUC, CIs and paired differences by hand (DESIGN §8)."""
+
+import math
+
+import pytest
+
+from oma.experiments.stats import (
+    betainc,
+    curve_to_horizon,
+    endpoint,
+    endpoint_iterations,
+    mean_ci,
+    nauc,
+    paired_diff,
+    t_cdf,
+    t_quantile,
+)
+
+# two-sided 95% critical values t(0.975, df) from a printed Student-t table
+T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 8: 2.306, 10: 2.228, 15: 2.131, 20: 2.086,
+           30: 2.042, 60: 2.000, 120: 1.980}
+
+
+@pytest.mark.parametrize("df,value", sorted(T_TABLE.items()))
+def test_t_quantile_matches_the_table(df, value):
+    assert t_quantile(0.975, df) == pytest.approx(value, abs=6e-4)
+
+
+def test_t_quantile_other_levels_symmetry_and_normal_limit():
+    assert t_quantile(0.95, 3) == pytest.approx(2.353, abs=6e-4)  # one-sided 5% table value
+    assert t_quantile(0.995, 4) == pytest.approx(4.604, abs=6e-4)
+    assert t_quantile(0.025, 2) == pytest.approx(-t_quantile(0.975, 2))
+    assert t_quantile(0.5, 7) == 0.0
+    assert t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)  # the normal quantile
+    # df = 1 is the Cauchy distribution: quantile tan(π(p − ½))
+    assert t_quantile(0.9, 1) == pytest.approx(math.tan(math.pi * 0.4), rel=1e-9)
+    for bad in (0.0, 1.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="p must be in"):
+            t_quantile(bad, 3)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile(0.975, 0)
+
+
+def test_betainc_and_t_cdf_closed_forms():
+    for x in (0.1, 0.37, 0.9):
+        assert betainc(1.0, 1.0, x) == pytest.approx(x)  # uniform
+        assert betainc(3.0, 1.0, x) == pytest.approx(x**3)  # I_x(a, 1) = x^a
+        assert betainc(1.0, 2.0, x) == pytest.approx(1 - (1 - x) ** 2)  # I_x(1, b) = 1 − (1−x)^b
+    # df = 2: F(t) = ½ + t / (2√(2 + t²))
+    for t in (-3.0, -0.5, 0.0, 1.2, 4.0):
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)))
+
+
+def test_endpoint_on_hand_made_curves():
+    its, vals = [0, 5, 10, 15, 20], [0.1, 0.2, 0.4, 0.5, 0.9]
+    assert endpoint(its, vals, 20) == pytest.approx((0.4 + 0.5 + 0.9) / 3)
+    # H between evaluations: the last three at iterations ≤ 17, no interpolation
+    assert endpoint(its, vals, 17) == pytest.approx((0.2 + 0.4 + 0.5) / 3)
+    assert endpoint_iterations(its, 17) == [5.0, 10.0, 15.0]
+    # fewer than three evaluations up to H: all of them
+    assert endpoint(its, vals, 5) == pytest.approx((0.1 + 0.2) / 2)
+    assert endpoint(its, vals, 4) == pytest.approx(0.1)
+    # evaluations after H are ignored even when H is past the end
+    assert endpoint(its, vals, 100) == pytest.approx((0.4 + 0.5 + 0.9) / 3)
+    with pytest.raises(ValueError, match="no evaluation"):
+        endpoint([5, 10], [0.1, 0.2], 3)
+    with pytest.raises(ValueError, match="horizon"):
+        endpoint(its, vals, 0)
+    with pytest.raises(ValueError, match="increase"):
+        endpoint([0, 10, 5], [0.1, 0.2, 0.3], 10)
+
+
+def test_nauc_on_hand_made_curves():
+    # trapezoids on [0, 10]: 5·(0 + 0.5)/2 + 5·(0.5 + 1)/2 = 1.25 + 3.75 = 5 → /10
+    assert nauc([0, 5, 10], [0.0, 0.5, 1.0], 10) == pytest.approx(0.5)
+    # H = 7: s(7) = 0.5 + (2/5)·0.5 = 0.7 by interpolation; area 1.25 + 2·(0.5 + 0.7)/2 = 2.45 → /7
+    assert nauc([0, 5, 10], [0.0, 0.5, 1.0], 7) == pytest.approx(2.45 / 7)
+    x, y = curve_to_horizon([0, 5, 10], [0.0, 0.5, 1.0], 7)
+    assert x.tolist() == [0, 5, 7] and y.tolist() == pytest.approx([0.0, 0.5, 0.7])
+    # uneven spacing: [0,1]: (0.2+0.4)/2 = 0.3; [1,4]: 3·(0.4+0.1)/2 = 0.75 → 1.05 / 4
+    assert nauc([0, 1, 4], [0.2, 0.4, 0.1], 4) == pytest.approx(1.05 / 4)
+    assert nauc([0, 3, 6], [0.25, 0.25, 0.25], 6) == pytest.approx(0.25)  # a constant curve averages to itself
+    with pytest.raises(ValueError, match="start at iteration 0"):
+        nauc([1, 5], [0.1, 0.2], 5)
+    with pytest.raises(ValueError, match="before the horizon"):
+        nauc([0, 5], [0.1, 0.2], 6)
+    with pytest.raises(ValueError, match="as many"):
+        nauc([0, 5], [0.1], 5)
+
+
+def test_mean_ci_on_known_samples():
+    e = mean_ci([1.0, 2.0, 3.0])  # s = 1
+    assert e.mean == pytest.approx(2.0) and e.n == 3
+    assert e.half_width == pytest.approx(4.303 * 1 / math.sqrt(3), rel=2e-4)
+    assert (e.lo, e.hi) == pytest.approx((2 - 2.4843, 2 + 2.4843), abs=5e-4)
+
+
+def test_mean_ci_significance_and_edge_cases():
+    e = mean_ci([1.0, 2.0, 3.0])
+    assert e.lo < 0 < e.hi and not e.significant
+    f = mean_ci([0.4, 0.3, 0.5, 0.4, 0.6])  # mean 0.44, s = √(0.053/4)
+    s = math.sqrt(((0.4 - 0.44) ** 2 * 2 + 0.14**2 + 0.06**2 + 0.16**2) / 4)
+    assert f.mean == pytest.approx(0.44) and f.half_width == pytest.approx(2.776 * s / math.sqrt(5), rel=2e-4)
+    assert f.significant
+    one = mean_ci([0.7])
+    assert one.mean == 0.7 and math.isnan(one.half_width) and not one.significant
+    assert mean_ci([0.2, 0.2, 0.2]).half_width == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="at least one"):
+        mean_ci([])
+    with pytest.raises(ValueError, match="finite"):
+        mean_ci([0.1, float("nan")])
+
+
+def test_paired_differences():
+    d = paired_diff([0.5, 0.6, 0.7], [0.1, 0.3, 0.2])  # d = [0.4, 0.3, 0.5]: mean 0.4, s = 0.1
+    assert d.mean == pytest.approx(0.4) and d.n == 3
+    assert d.half_width == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=2e-4)
+    assert d.lo > 0 and d.significant
+    # pairing matters: the same values unpaired would have a far wider spread
+    e = paired_diff([0.2, 0.4, 0.3], [0.1, 0.5, 0.0])  # d = [0.1, −0.1, 0.3]: mean 0.1, s = 0.2
+    assert e.mean == pytest.approx(0.1) and e.half_width == pytest.approx(4.303 * 0.2 / math.sqrt(3), rel=2e-4)
+    assert not e.significant
+    neg = paired_diff([0.1, 0.1, 0.2, 0.0], [0.5, 0.6, 0.6, 0.5])  # d = [−0.4, −0.5, −0.4, −0.5]
+    assert neg.hi < 0 and neg.significant
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired_diff([0.1, 0.2], [0.1])
