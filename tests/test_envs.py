@@ -25,6 +25,8 @@ CONFIGS = [
 EXPERT_CONFIGS = CONFIGS + [
     ("household", {"goals": ("two", "heat", "cool")}),
     ("household", {"size": "small", "distractors": "few", "max_steps": 60}),
+    ("household", {"notes": True, "hint": True}),
+    ("household", {"goals": ("two", "examine"), "hint": True}),
     ("shop", {"distractors": "few", "catalogue_size": 20}),
     ("shop", {"max_steps": 8}),
 ]
@@ -97,6 +99,8 @@ def test_unknown_env_lists_valid_names() -> None:
         ("household", {"goals": "wash"}, "goals"),
         ("household", {"goals": ["clean", "wash"]}, "goals"),
         ("household", {"goals": 3}, "goals"),
+        ("household", {"notes": "yes"}, "notes"),
+        ("household", {"hint": 1}, "hint"),
         ("shop", {"reward": "money"}, "reward"),
         ("shop", {"catalogue_size": 5}, "catalogue_size"),
         ("shop", {"buy": "never"}, "buy"),

@@ -132,3 +132,75 @@ def test_bigger_homes_are_harder() -> None:
     large = coupling("household", ("noisy_expert", 0.25), 300, size="large")
     assert small.success_rate > large.success_rate + 0.05
     assert small.mean_steps_success < large.mean_steps_success
+
+
+def _notes(observation: str) -> str:
+    lines = [line for line in observation.splitlines() if line.startswith("Notes: ")]
+    assert len(lines) == 1, observation
+    return lines[0]
+
+
+def test_notes_record_what_the_agent_found() -> None:
+    """Every observation ends with the notes; they list exactly what earlier observations showed."""
+    env = make("household", size="small", goals="place", distractors="few", notes=True)
+    observation, info = env.reset(seed=3)
+    assert _notes(observation) == "Notes: carrying nothing; searched nothing."
+    searched: list[str] = []
+    for _ in range(30):
+        action = env.expert_action()
+        observation, _, terminated, truncated, info = env.step(action)
+        notes = _notes(observation)
+        # A receptacle counts as searched once its open inside was shown ("you see ...").
+        for verb in ("You arrive at ", "You open the "):
+            if observation.startswith(verb) and "you see" in observation.split("\n")[0]:
+                name = observation[len(verb):].split(".")[0]
+                searched.append(name)
+        for name in searched:
+            assert name in notes.split("searched ", 1)[1], (name, notes)
+        if action.startswith("take "):
+            assert notes.startswith(f"Notes: carrying {action.split()[1]} {action.split()[2]};")
+        if terminated or truncated:
+            break
+    assert info["won"]
+
+
+def test_notes_are_off_by_default_and_change_nothing_else() -> None:
+    plain, noted = make("household", notes=False), make("household", notes=True)
+    a, _ = plain.reset(seed=11)
+    b, _ = noted.reset(seed=11)
+    assert "Notes:" not in a and b.startswith(a + "\nNotes: ")
+    for _ in range(10):
+        action = plain.expert_action()
+        assert noted.expert_action() == action
+        a, ra, ta, _, _ = plain.step(action)
+        b, rb, tb, _, _ = noted.step(action)
+        assert b.startswith(a + "\nNotes: ") and (ra, ta) == (rb, tb)
+        if ta:
+            break
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_hint_is_true_and_shortens_the_expert(seed: int) -> None:
+    options = {"size": "medium", "goals": "place", "distractors": "many"}
+    hinted = make("household", hint=True, **options)
+    _, info = hinted.reset(seed=seed)
+    hint = info["task"].split(" Hint: the ", 1)[1]
+    obj, rest = hint.split(" is in/on ", 1)
+    recep, room = rest.rstrip(".").split(" in the ", 1)
+    # Walk there with the expert of the hinted env: it goes straight to the hinted receptacle.
+    steps = 0
+    while True:
+        action = hinted.expert_action()
+        observation, _, terminated, _, _ = hinted.step(action)
+        steps += 1
+        if action.startswith("take "):
+            assert action == f"take {obj} from {recep}"
+            break
+    plain = make("household", **options)
+    _, plain_info = plain.reset(seed=seed)
+    assert info["task"].startswith(plain_info["task"])  # same world, same goal
+    plain_steps = 0
+    while not plain.expert_action().startswith("take "):
+        plain.step(plain.expert_action())
+        plain_steps += 1
+    assert steps <= plain_steps + 1

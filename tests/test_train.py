@@ -35,7 +35,7 @@ def test_project_action():
 def test_step_prompt_history_window():
     history = [("o1", "a1"), ("o2", "a2"), ("o3", "a3")]
     p = step_prompt("the task", history, "now", ["x", "y"], history_length=2)
-    assert p.splitlines() == ["Obs: o2", "Did: a2", "Obs: o3", "Did: a3", "Obs: now", "Task: the task", "Can: x | y", "Action:"]
+    assert p.splitlines() == ["Obs: o2", "Did: a2", "Obs: o3", "Did: a3", "Obs: now", "Can: x | y", "Task: the task", "Action:"]
     assert "o1" not in step_prompt("t", history, "now", ["x"], history_length=0)
 
 
@@ -59,7 +59,7 @@ def _scripted_generate(tok, invalid_every=3):
         texts = []
         for ids in prompt_ids:
             calls["n"] += 1
-            can = re.search(r"\nCan: (.*)\nAction:$", tok.decode(ids)).group(1).split(" | ")
+            can = re.search(r"\nCan: (.*)\nTask: .*\nAction:$", tok.decode(ids)).group(1).split(" | ")
             texts.append("no such action" if calls["n"] % invalid_every == 0 else can[-1])
         return Generation([tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts], texts)
 

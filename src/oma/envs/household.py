@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from .base import Effect, EpisodeEnv
+from .base import Effect, EpisodeEnv, Info, StepResult
 from .sampling import pick, sample, shuffle
 
 GoalKind = Literal["place", "two", "clean", "heat", "cool", "examine"]
@@ -41,12 +41,24 @@ class HouseholdOptions:
       expert. ``mixed`` draws one per seed.
     * ``goals``: the goal kinds drawn from (one per seed, uniformly): ``place`` and ``examine``
       are short, ``two`` and the transforms long.
+    * ``notes``: every observation ends with a line of what the agent itself has found so far
+      (what it carries, the receptacles it has searched, where it saw objects of the goal's
+      kind). It is a memory aid for small policies with a short history window: every fact in
+      it was in an earlier observation of the episode, so nothing hidden is revealed, but a
+      policy no longer has to remember the whole episode to search without going in circles.
+    * ``hint``: the task also says where one goal object lies at the start ("Hint: the lettuce 1
+      is in/on fridge 1 in the kitchen."), so no search is needed and episodes become
+      navigation and handling; the expert uses the hint as if it had seen that receptacle.
+      With ``notes`` it makes the task Markov in the current observation, for CPU-sized
+      policies (the quickstart); failures still run to the cap.
     """
 
     max_steps: int = field(default=30, metadata={"min": 1})
     size: Size = "mixed"
     distractors: Distractors = "mixed"
     goals: tuple[GoalKind, ...] = GOAL_KINDS
+    notes: bool = False
+    hint: bool = False
 
 
 # --- the world's vocabulary ------------------------------------------------------------------
@@ -341,6 +353,29 @@ class HouseholdEnv(EpisodeEnv[Home]):
     expert_step_bound = EXPERT_STEP_BOUND
     options: HouseholdOptions
 
+    def reset(self, seed: int) -> tuple[str, Info]:
+        observation, info = super().reset(seed)
+        return self._noted(observation), info
+
+    def step(self, action: str) -> StepResult:
+        observation, reward, terminated, truncated, info = super().step(action)
+        return self._noted(observation), reward, terminated, truncated, info
+
+    def _noted(self, observation: str) -> str:
+        """``observation`` with the ``notes`` line when that option is on."""
+        if not self.options.notes:
+            return observation
+        home = self._home
+        held = home.obj_name[self._holding] if self._holding != _NOWHERE else "nothing"
+        searched = [home.recep_name[r] for r, seen in enumerate(self._seen) if seen]
+        found = [
+            f"{home.obj_name[o]} in/on {home.recep_name[self._obj_loc[o]]}"
+            for o in self._goal_objects
+            if self._obj_loc[o] != _NOWHERE and self._seen[self._obj_loc[o]]
+        ]
+        line = f"Notes: carrying {held}; searched {', '.join(searched) or 'nothing'}"
+        return f"{observation}\n{line}" + (f"; saw {', '.join(found)}." if found else ".")
+
     # --- generation and state ---
 
     def _draw(self, rng: random.Random) -> Home:
@@ -375,8 +410,15 @@ class HouseholdEnv(EpisodeEnv[Home]):
         self._contents: list[list[int]] = [[] for _ in range(n_receps)]
         for o, r in enumerate(self._obj_loc):
             self._contents[r].append(o)
+        task = self._goal.text
+        if self.options.hint:
+            o = self._goal_objects[0]
+            r = self._obj_loc[o]
+            self._seen[r] = True
+            where = f"{home.recep_name[r]} in the {home.rooms[home.recep_room[r]]}"
+            task = f"{task} Hint: the {home.obj_name[o]} is in/on {where}."
         observation = f"You are in the middle of {self._room_text[self._room]}"
-        return self._goal.text, f"{observation}\nYour task is to: {self._goal.text}"
+        return task, f"{observation}\nYour task is to: {task}"
 
     def _describe_room(self, i: int) -> str:
         home = self._home

@@ -1,7 +1,7 @@
 """Validation of environment options, done once in :func:`oma.envs.make`.
 
 Each environment declares its options as a frozen dataclass whose field annotations say what is
-accepted: a ``Literal`` (one of its strings), ``int`` (with an optional ``min`` in the field's
+accepted: a ``Literal`` (one of its strings), ``bool``, ``int`` (with an optional ``min`` in the field's
 metadata) or ``tuple[Literal[...], ...]`` (a non-empty selection; a single string is a one-element
 selection). Reading the rules from the annotations keeps the documented type, the default and the
 check in one place, and lets every error name the field and list what is valid.
@@ -42,6 +42,10 @@ def _check(where: str, hint: Any, value: Any, metadata: Mapping[str, Any]) -> An
         choices = get_args(hint)
         if not isinstance(value, str) or value not in choices:
             raise ValueError(f"{where} must be one of {_listing(choices)}; got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false; got {value!r}")
         return value
     if hint is int:
         low = metadata.get("min", None)

@@ -46,7 +46,7 @@ TRAIN_SEEDS_PER_RUN_SEED = 100_000
 
 
 def _generator(seed: int, iteration: int, purpose: str) -> torch.Generator:
-    salt = {"rollout": 1, "minibatch": 2}[purpose]
+    salt = {"rollout": 1, "minibatch": 2, "eval": 3}[purpose]
     return torch.Generator().manual_seed(seed * 1_000_003 + iteration * 7919 + salt)
 
 
@@ -181,15 +181,26 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
 # ================================================================================================
 
 
-def evaluate(cfg: TrainConfig, make_env, model, tokenizer) -> dict[str, float]:
-    """Greedy success on the fixed held-out task set (one episode per task)."""
+def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> dict[str, float]:
+    """Success on the fixed held-out task set, one episode per task: greedy, then sampled.
+
+    ``eval_success`` (greedy) is the success curve of DESIGN §8. ``eval_sampled_success`` samples at
+    ``policy.temperature`` from a generator seeded by the run seed and the iteration, so it is the
+    same in a resumed run: it is the policy RL actually trains, and a small policy's greedy
+    success can lag it, because one wrong argmax in a state the policy revisits loops to the cap.
+    """
     seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
-    ro = rollout(make_env, model, tokenizer, seeds, group_size=1, history_length=cfg.env.history_length,
-                 max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
-                 temperature=0.0, invalid_penalty=cfg.env.invalid_penalty, generator=None,
-                 constrained=cfg.policy.constrained)
-    return {"eval_success": ro.success_rate, "eval_steps": sum(e.steps for e in ro.episodes) / len(ro.episodes),
-            "eval_invalid": sum(e.invalid for e in ro.episodes) / max(1, sum(e.steps for e in ro.episodes))}
+    out = {}
+    for name, temperature, generator in (("eval", 0.0, None),
+                                         ("eval_sampled", cfg.policy.temperature, _generator(cfg.seed, iteration, "eval"))):
+        ro = rollout(make_env, model, tokenizer, seeds, group_size=1, history_length=cfg.env.history_length,
+                     max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
+                     temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
+                     constrained=cfg.policy.constrained)
+        steps = sum(e.steps for e in ro.episodes)
+        out.update({f"{name}_success": ro.success_rate, f"{name}_steps": steps / len(ro.episodes),
+                    f"{name}_invalid": sum(e.invalid for e in ro.episodes) / max(1, steps)})
+    return out
 
 
 def rollout_metrics(ro: Rollout) -> dict[str, float]:
@@ -298,7 +309,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         else:
             log.truncate_after(-1)
             (run_dir / "samples.jsonl").unlink(missing_ok=True)
-            log.write({"iteration": 0, **evaluate(cfg, make_env, model, tokenizer), "warm_start": ws_info})
+            log.write({"iteration": 0, **evaluate(cfg, make_env, model, tokenizer, 0), "warm_start": ws_info})
 
         rl = progress.add_task("RL", total=cfg.iterations, completed=start)
         for it in range(start + 1, cfg.iterations + 1):
@@ -333,7 +344,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                       "time_rollout": t_rollout, "time_advantages": t_adv, "time_update": t_update,
                       "tokens_per_s": ro.generated_tokens / max(t_rollout, 1e-9)}
             if it % cfg.eval_every == 0 or it == cfg.iterations:
-                record.update(evaluate(cfg, make_env, model, tokenizer))
+                record.update(evaluate(cfg, make_env, model, tokenizer, it))
             log.write(record)
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
             if cfg.dump_batches:
@@ -343,7 +354,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             progress.update(rl, advance=1, description=(
                 f"RL it {it}: success {record['success']:.2f} rows/traj {record['rows_per_traj']:.1f} "
                 f"iter {t_rollout + t_adv + t_update:.1f}s"
-                + (f" eval {record['eval_success']:.2f}" if "eval_success" in record else "")))
+                + (f" eval {record['eval_success']:.2f} (sampled {record['eval_sampled_success']:.2f})"
+                   if "eval_success" in record else "")))
 
     summary = _summary(log.read(), time.perf_counter() - t_start, ws_info)
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
@@ -367,12 +379,15 @@ def _dump_batch(run_dir: Path, iteration: int, rows: Rows, mask: Tensor) -> None
 
 
 def _summary(records: list[dict], wall: float, ws_info: dict) -> dict:
-    evals = [(r["iteration"], r["eval_success"]) for r in records if "eval_success" in r]
+    evals = [r for r in records if "eval_success" in r]
+    out = {}
+    for key in ("eval_success", "eval_sampled_success"):
+        curve = [(r["iteration"], r[key]) for r in evals if key in r]
+        out.update({f"{key}_start": curve[0][1] if curve else None, f"{key}_end": curve[-1][1] if curve else None,
+                    f"{key}_best": max(v for _, v in curve) if curve else None})
     return {
-        "eval_success_start": evals[0][1] if evals else None,
-        "eval_success_end": evals[-1][1] if evals else None,
-        "eval_success_best": max(e for _, e in evals) if evals else None,
-        "eval_curve": evals,
+        **out,
+        "eval_curve": [(r["iteration"], r["eval_success"]) for r in evals],
         "iterations": max((r["iteration"] for r in records), default=0),
         "wall_time_s": wall,
         "warm_start_cached": ws_info.get("cached", False),
@@ -381,10 +396,16 @@ def _summary(records: list[dict], wall: float, ws_info: dict) -> dict:
 
 def _print_summary(console: Console, s: dict, run_dir: Path) -> None:
     table = Table(title=f"oma train — {run_dir}")
-    table.add_column("held-out success (greedy)")
-    table.add_column("value", justify="right")
-    table.add_row("after warm start (iteration 0)", f"{s['eval_success_start']:.3f}")
-    table.add_row(f"after RL (iteration {s['iterations']})", f"{s['eval_success_end']:.3f}")
-    table.add_row("best evaluation", f"{s['eval_success_best']:.3f}")
-    table.add_row("wall time", f"{s['wall_time_s']:.0f} s")
+    table.add_column("held-out success")
+    table.add_column("greedy", justify="right")
+    table.add_column("sampled", justify="right")
+
+    def row(label: str, which: str) -> None:
+        values = (s[f"eval_success_{which}"], s[f"eval_sampled_success_{which}"])
+        table.add_row(label, *("—" if v is None else f"{v:.3f}" for v in values))
+
+    row("after warm start (iteration 0)", "start")
+    row(f"after RL (iteration {s['iterations']})", "end")
+    row("best evaluation", "best")
+    table.add_row("wall time", f"{s['wall_time_s']:.0f} s", "")
     console.print(table)
