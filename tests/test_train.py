@@ -240,3 +240,15 @@ def test_presets_load_and_name_their_command():
         assert path.read_text().splitlines()[0] == f"# oma train configs/{path.name}"
         cfg = load_config(path)
         oma.envs.make(cfg.env.name, **cfg.env.options)  # the options are valid for the env
+
+
+def test_warm_start_cache_key_follows_the_prompt_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cached warm start was trained on one prompt format; another format must not reuse it."""
+    import oma.train.warmstart as warmstart
+
+    cfg = load_config(None, [])
+    before = warmstart.cache_key(cfg)
+    assert warmstart.cache_key(cfg) == before  # deterministic
+    original = warmstart.step_prompt
+    monkeypatch.setattr(warmstart, "step_prompt", lambda *a: original(*a).replace("Task:", "Goal:"))
+    assert warmstart.cache_key(cfg) != before

@@ -72,6 +72,8 @@ def cache_key(cfg: TrainConfig) -> str:
         "policy": {k: v for k, v in asdict(cfg.policy).items() if k not in ("temperature", "lora_r", "lora_alpha")},
         "warm_start": {k: v for k, v in asdict(cfg.warm_start).items() if k != "cache_dir"},
         "seed": cfg.seed,
+        # The prompt format decides what the policy was trained to read: a format change must miss the cache.
+        "prompt": step_prompt("task", [("past observation", "past action")], "observation", ["a", "b"], 1),
     }
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
 
