@@ -90,11 +90,6 @@ class RunResult:
     audited_batches: int = 0
 
 
-def _records(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-
-
 def run_coupling(run_dir: Path, horizon: int, config: dict, audit_name: str) -> tuple[dict[str, float], int]:
     """The coupling figures of ``run_dir``'s dumped batches at iterations ≤ horizon, each averaged
     over the batches where it is defined (NaN when it never is); also the number of batches audited."""
@@ -137,9 +132,11 @@ def run_coupling(run_dir: Path, horizon: int, config: dict, audit_name: str) -> 
 
 def load_run(run_dir: Path, variant: str, seed: int, horizon: int) -> RunResult | str:
     """The run's figures at ``horizon``, or a one-line reason why it cannot be used."""
+    from oma.train.loop import read_metrics
+
     if not (run_dir / "summary.json").is_file():
         return "not finished (no summary.json)"
-    records = _records(run_dir)
+    records = read_metrics(run_dir)
     evals = [(int(r["iteration"]), float(r["eval_success"])) for r in records if "eval_success" in r]
     last = max((int(r["iteration"]) for r in records), default=0)
     if last < horizon:

@@ -223,6 +223,12 @@ def rollout_metrics(ro: Rollout) -> dict[str, float]:
     }
 
 
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl (empty when there is none yet)."""
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+
+
 class MetricsLog:
     """metrics.jsonl (one object per line, the source of truth) and, optionally, TensorBoard."""
 
@@ -253,7 +259,7 @@ class MetricsLog:
             self.tb.flush()
 
     def read(self) -> list[dict]:
-        return [json.loads(ln) for ln in self.path.read_text().splitlines() if ln] if self.path.is_file() else []
+        return read_metrics(self.path.parent)
 
 
 def _check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
