@@ -258,3 +258,24 @@ def test_warm_start_cache_key_follows_the_prompt_format(monkeypatch: pytest.Monk
     original = warmstart.step_prompt
     monkeypatch.setattr(warmstart, "step_prompt", lambda *a: original(*a).replace("Task:", "Goal:"))
     assert warmstart.cache_key(cfg) != before
+
+
+@pytest.mark.parametrize("name", oma.envs.names(builtin_only=True))
+def test_reward_only_options_leave_demonstrations_and_the_warm_start_key_alone(name: str) -> None:
+    """An option declared reward-only must not change a demonstration (else sharing the cached
+    warm start would be wrong); every other option still splits the cache."""
+    import typing
+
+    from oma.train.warmstart import cache_key, demonstrations
+
+    env_cls = oma.envs.env_class(name)
+    assert env_cls.reward_only_options == ({"reward"} if name == "shop" else set())
+    for option in env_cls.reward_only_options:
+        values = typing.get_args(typing.get_type_hints(env_cls.options_class)[option])
+        assert len(values) >= 2
+        demos = [demonstrations(lambda v=v: oma.envs.make(name, **{option: v}), 6, 0.3, 2) for v in values]
+        assert all(d == demos[0] for d in demos) and len(demos[0]) > 6
+        keys = {cache_key(load_config(None, [f"env.name={name}", f"env.options.{option}={v}"])) for v in values}
+        assert len(keys) == 1
+    other = {"household": "size=small", "shop": "distractors=few"}[name]
+    assert cache_key(load_config(None, [f"env.name={name}"])) != cache_key(load_config(None, [f"env.name={name}", f"env.options.{other}"]))

@@ -11,7 +11,7 @@ See docs/envs.md.
 
 from .base import Info, StepResult, TextEnv
 from .coupling import Coupling, Episode, NoisyExpert, coupling, coupling_table, rollout
-from .registry import make, names
+from .registry import env_class, make, names
 
 __all__ = [
     "Coupling",
@@ -22,6 +22,7 @@ __all__ = [
     "TextEnv",
     "coupling",
     "coupling_table",
+    "env_class",
     "make",
     "names",
     "rollout",

@@ -71,6 +71,9 @@ class EpisodeEnv(ABC):
 
     name: ClassVar[str]
     options_class: ClassVar[type[Any]]  # a frozen dataclass with ``max_steps``; see options.py
+    reward_only_options: ClassVar[frozenset[str]] = frozenset()
+    """Options that change only the rewards, never an observation, admissible action or expert
+    action: demonstrations, and so the warm-started policy, do not depend on them."""
 
     def __init__(self, **options: object) -> None:
         self.options = parse_options(self.options_class, self.name, options)

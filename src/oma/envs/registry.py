@@ -27,6 +27,27 @@ def names(builtin_only: bool = False) -> list[str]:
     return list(_ENVS) if builtin_only else [*_ENVS, *_ADAPTERS]
 
 
+def env_class(name: str) -> type[EpisodeEnv]:
+    """The class :func:`make` would build for ``name``, without building it (no engine is started).
+
+    Raises ``ValueError`` for an unknown name and ``ImportError`` naming the extra to install when
+    an adapter's engine is missing.
+    """
+    env = _ENVS.get(name)
+    if env is not None:
+        return env
+    if name not in _ADAPTERS:
+        raise ValueError(f"unknown environment {name!r}; valid names: {', '.join(names())}")
+    module, cls = _ADAPTERS[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as e:
+        if e.name is not None and e.name.startswith("oma."):
+            raise
+        raise ImportError(f"environment {name!r} needs the optional extra: pip install 'oma-rl[{name}]' "
+                          f"(missing module {e.name!r})") from e
+
+
 def make(name: str, **options: object) -> EpisodeEnv:
     """A new environment ``name`` with ``options`` (validated here, once).
 
@@ -34,16 +55,4 @@ def make(name: str, **options: object) -> EpisodeEnv:
     names the field and lists the valid values), and ``ImportError`` naming the extra to install
     when an adapter's engine is missing. Call ``reset(seed)`` before ``step``.
     """
-    env = _ENVS.get(name)
-    if env is None:
-        if name not in _ADAPTERS:
-            raise ValueError(f"unknown environment {name!r}; valid names: {', '.join(names())}")
-        module, cls = _ADAPTERS[name].split(":")
-        try:
-            env = getattr(importlib.import_module(module), cls)
-        except ModuleNotFoundError as e:
-            if e.name is not None and e.name.startswith("oma."):
-                raise
-            raise ImportError(f"environment {name!r} needs the optional extra: pip install 'oma-rl[{name}]' "
-                              f"(missing module {e.name!r})") from e
-    return env(**options)
+    return env_class(name)(**options)

@@ -425,6 +425,7 @@ class ShopEnv(DrawnEnv[Store]):
 
     name = "shop"
     options_class = ShopOptions
+    reward_only_options = frozenset({"reward"})
     expert_step_bound = EXPERT_STEP_BOUND
     options: ShopOptions
 

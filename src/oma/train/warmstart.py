@@ -23,6 +23,7 @@ import oma
 from oma.agent.policy import EOS, action_choices, allowed_positions, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
 from oma.agent.prompt import step_prompt
 from oma.core import micro_batches
+from oma.envs import env_class
 from oma.train.config import TrainConfig
 
 DEMO_SEED_OFFSET = 2_000_000
@@ -65,10 +66,16 @@ def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, 
 
 
 def cache_key(cfg: TrainConfig) -> str:
-    """Hash of everything that determines the warm-started policy."""
+    """Hash of everything that determines the warm-started policy.
+
+    The environment's ``reward_only_options`` are left out: ``shop`` with ``reward=score`` and
+    ``reward=success`` sees the same demonstrations, so it shares one warm start.
+    """
+    reward_only = env_class(cfg.env.name).reward_only_options
     relevant = {
         "oma": oma.__version__,
-        "env": {k: v for k, v in asdict(cfg.env).items() if k in ("name", "options", "history_length")},
+        "env": {"name": cfg.env.name, "history_length": cfg.env.history_length,
+                "options": {k: v for k, v in cfg.env.options.items() if k not in reward_only}},
         "policy": {k: v for k, v in asdict(cfg.policy).items() if k not in ("temperature", "lora_r", "lora_alpha")},
         "warm_start": {k: v for k, v in asdict(cfg.warm_start).items() if k != "cache_dir"},
         "seed": cfg.seed,
