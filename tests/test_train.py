@@ -1,5 +1,6 @@
 """The trainer: projection, row assembly, the loop's loss vs oma.core, CLI smoke, resume, errors."""
 
+import copy
 import json
 import re
 
@@ -13,7 +14,7 @@ from oma.agent.prompt import project_action, step_prompt
 from oma.cli import main as oma_main
 from oma.core import anchor_ids, outcome_advantages, token_objective, token_weights, weighted_loss
 from oma.train.config import ConfigError, load_config
-from oma.train.loop import Batch, batch_logprobs, minibatch_loss, response_mask_of
+from oma.train.loop import Batch, MetricsLog, batch_logprobs, minibatch_loss, response_mask_of, rollout_metrics, update
 
 TINY = [
     "iterations=2", "policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=400",
@@ -122,6 +123,47 @@ def test_loop_loss_equals_oma_core_on_a_captured_batch(monkeypatch, tiny_policy)
     assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-7)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def _captured_batch(monkeypatch, model, tok):
+    monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))
+    ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=3), model, tok, [5], group_size=2, history_length=1,
+                             max_prompt_tokens=400, max_new_tokens=8, temperature=1.0, invalid_penalty=0.1, generator=None)
+    mask = response_mask_of(ro.rows)
+    adv = outcome_advantages(ro.rows.scores, ro.rows.group_index, ro.rows.traj_index)
+    return ro, Batch(ro.rows, mask, adv, batch_logprobs(model, ro.rows, tok.pad_token_id, 4, mask.shape[1]), None)
+
+
+def test_metrics_are_strict_json_with_null_for_an_empty_outcome_class(monkeypatch, tmp_path, tiny_policy):
+    model, tok = tiny_policy
+    ro, _ = _captured_batch(monkeypatch, model, tok)
+    assert not any(e.won for e in ro.episodes)  # three scripted steps never buy the right product
+    record = {"iteration": 1, **rollout_metrics(ro)}
+    assert record["rows_per_traj_success"] is None
+    assert record["rows_per_traj_failure"] == sum(e.steps for e in ro.episodes) / len(ro.episodes)
+    MetricsLog(tmp_path, tensorboard=False).write(record)
+
+    def no_constants(name):
+        raise AssertionError(f"metrics.jsonl holds the non-JSON constant {name}")
+
+    line = (tmp_path / "metrics.jsonl").read_text().splitlines()[0]
+    assert json.loads(line, parse_constant=no_constants)["rows_per_traj_success"] is None
+    with pytest.raises(ValueError):  # a NaN that slips through is an error, never written
+        MetricsLog(tmp_path, tensorboard=False).write({"iteration": 2, "loss": float("nan")})
+
+
+def test_a_non_finite_gradient_stops_the_update_before_the_optimizer_step(monkeypatch, tiny_policy):
+    model, tok = tiny_policy
+    model = copy.deepcopy(model)
+    _, batch = _captured_batch(monkeypatch, model, tok)
+    # the loss stays finite (oma.core rejects non-finite logp itself); one gradient overflows, as in fp16
+    next(model.parameters()).register_hook(lambda g: g * float("inf"))
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    cfg = load_config(None, ["optim.num_minibatches=1"])
+    with pytest.raises(FloatingPointError, match=r"iteration 7: the gradient norm is (nan|inf) \(loss -?\d"):
+        update(model, optimizer, batch, cfg, tok.pad_token_id, iteration=7)
+    assert all(torch.equal(b, p.detach()) for b, p in zip(before, model.parameters()))  # no step was taken
 
 
 def test_tiny_model_and_tokenizer_save_and_reload(tmp_path, tiny_policy):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,6 +171,10 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
         for rows_idx in trajectory_minibatches(batch.rows.traj_index, cfg.optim.num_minibatches, generator=generator):
             s = minibatch_loss(model, batch, rows_idx, cfg, pad_id, backward=True)
             s["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip))
+            if not math.isfinite(s["grad_norm"]):  # stop before the step: the weights stay as the last checkpoint's
+                raise FloatingPointError(
+                    f"iteration {iteration}: the gradient norm is {s['grad_norm']} (loss {s['loss']}); the optimizer "
+                    "step was not taken. Lower optim.lr or check the rollouts' scores for inf/NaN.")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats.append(s)
@@ -203,13 +208,14 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
     return out
 
 
-def rollout_metrics(ro: Rollout) -> dict[str, float]:
+def rollout_metrics(ro: Rollout) -> dict[str, float | None]:
+    """The rollout's statistics; a mean over an empty class (no successes yet) is None, JSON null."""
     eps = ro.episodes
     wins = [e for e in eps if e.won]
     fails = [e for e in eps if not e.won]
 
     def mean(xs):
-        return sum(xs) / len(xs) if xs else float("nan")
+        return sum(xs) / len(xs) if xs else None
 
     return {
         "success": ro.success_rate,
@@ -251,7 +257,7 @@ class MetricsLog:
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")  # strict JSON: undefined values are null
         if self.tb is not None:
             for k, v in record.items():
                 if isinstance(v, (int, float)) and k != "iteration":
