@@ -255,6 +255,8 @@ def test_report_numbers_on_a_hand_made_directory(hand_made):
     got = v["OA+MA"]["diff_nauc"]
     assert got["mean"] == pytest.approx(mean) and got["half_width"] == pytest.approx(hw, rel=2e-4)
     assert got["lo"] > 0 and got["significant"] is True
+    # p by hand: t = 0.158333 / (0.0144338 / √3) = 19.0, and for df = 2, P(|T| > t) = 1 − t / √(2 + t²)
+    assert got["p"] == pytest.approx(1 - 19 / math.sqrt(2 + 19**2), rel=1e-6)
     d_ep = [ep_oma[k] - ep_base[k] for k in (0, 1, 2)]
     assert v["OA+MA"]["diff_endpoint"]["mean"] == pytest.approx(sum(d_ep) / 3)
     assert v["OA+MA"]["diff_endpoint"]["significant"] == (sum(d_ep) / 3 - _ci(d_ep)[1] > 0)
@@ -275,6 +277,10 @@ def test_report_numbers_on_a_hand_made_directory(hand_made):
     for section in SECTIONS:
         assert section in report, section
     assert "OA+MA has a significantly higher nAUC than row+native" in report
+    # Holm over the 2 comparisons: the smaller p (nAUC, 0.0028) passes 0.05 / 2; the endpoint's must pass 0.05
+    p_ep = v["OA+MA"]["diff_endpoint"]["p"]
+    assert res["holm_significant"] == {"OA+MA/diff_endpoint": p_ep <= 0.05, "OA+MA/diff_nauc": True}
+    assert "Corrected for the 2 comparisons of this report (Holm–Bonferroni, family-wise 5%)" in report
     assert "OA+MA/seed-3: not finished" in report
     assert all(_is_png(hand_made / p) for p in PNGS)
 

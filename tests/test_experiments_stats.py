@@ -3,12 +3,15 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oma.experiments.stats import (
     betainc,
     curve_to_horizon,
     endpoint,
     endpoint_iterations,
+    holm,
     mean_ci,
     nauc,
     paired_diff,
@@ -124,3 +127,57 @@ def test_paired_differences():
     assert neg.hi < 0 and neg.significant
     with pytest.raises(ValueError, match="one value per seed"):
         paired_diff([0.1, 0.2], [0.1])
+
+
+def test_p_value_by_hand_and_edge_cases():
+    # df = 2 has a closed form: P(|T| > t) = 1 − t / √(2 + t²); [1, 2, 3]: t = 2 / (1/√3) = √12
+    assert mean_ci([1.0, 2.0, 3.0]).p == pytest.approx(1 - math.sqrt(12) / math.sqrt(14), rel=1e-9)
+    # df = 1 (Cauchy): P(|T| > t) = 1 − (2/π)·atan(t); [1, 3]: mean 2, s = √2, se = 1, t = 2
+    assert mean_ci([1.0, 3.0]).p == pytest.approx(1 - 2 / math.pi * math.atan(2.0), rel=1e-9)
+    assert mean_ci([0.5, 0.5, 0.5]).p == 0.0  # no spread (exactly), non-zero mean
+    assert mean_ci([0.0, 0.0]).p == 1.0
+    assert math.isnan(mean_ci([0.7]).p)
+    assert paired_diff([0.5, 0.6, 0.7], [0.1, 0.3, 0.2]).p == pytest.approx(mean_ci([0.4, 0.3, 0.5]).p)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1, 1, allow_nan=False), min_size=2, max_size=8),
+       st.sampled_from([0.9, 0.95, 0.99]))
+def test_p_value_agrees_with_the_confidence_interval(xs, level):
+    e = mean_ci(xs, level)
+    if abs(e.p - (1 - level)) > 1e-9:  # away from the boundary the two decisions are the same t test
+        assert (e.p < 1 - level) == e.significant
+
+
+def test_holm_by_hand():
+    assert holm([0.01, 0.04, 0.03]) == [True, False, False]  # 0.01 ≤ 0.05/3; 0.03 > 0.05/2 stops
+    assert holm([0.01, 0.02, 0.04]) == [True, True, True]  # 0.01 ≤ 0.05/3, 0.02 ≤ 0.05/2, 0.04 ≤ 0.05
+    assert holm([0.04, 0.2]) == [False, False]  # 0.04 > 0.05/2, though below 0.05 alone
+    assert holm([0.04, float("nan")]) == [True, False]  # an undefined test is not counted in m
+    assert holm([]) == []
+    assert holm([0.02, 0.03], alpha=0.1) == [True, True]
+    with pytest.raises(ValueError, match="alpha"):
+        holm([0.01], alpha=0.0)
+
+
+def _holm_adjusted(ps):
+    """The same test through Holm's adjusted p-values: p̃_(j) = max_{i ≤ j} min(1, (m − i + 1) p_(i))."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adj, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = running
+    return adj
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0, 1, allow_nan=False), min_size=1, max_size=10), st.randoms(use_true_random=False))
+def test_holm_equals_adjusted_p_values_and_lies_between_bonferroni_and_uncorrected(ps, rng):
+    alpha = 0.05
+    got = holm(ps, alpha)
+    assert got == [a <= alpha for a in _holm_adjusted(ps)]
+    assert all(g for p, g in zip(ps, got) if p <= alpha / len(ps))  # Bonferroni's rejections are Holm's
+    assert all(p <= alpha for p, g in zip(ps, got) if g)  # Holm rejects nothing the uncorrected test keeps
+    perm = list(range(len(ps)))
+    rng.shuffle(perm)
+    assert holm([ps[i] for i in perm], alpha) == [got[i] for i in perm]  # order of the tests does not matter

@@ -4,11 +4,11 @@
   row/trajectory × native/MA runs of one config, seeds 0..S−1, resumable, optionally parallel.
 * ``oma report DIR`` — :mod:`oma.experiments.report`: success curves, endpoint and nAUC with 95% CIs,
   paired differences to row+native, the measured expansion–outcome coupling (oma.diagnostics.audit).
-* :mod:`oma.experiments.stats` — the pure statistics (endpoint, nAUC, Student-t CIs, paired differences).
+* :mod:`oma.experiments.stats` — the pure statistics (endpoint, nAUC, Student-t CIs, paired differences, Holm's correction).
 """
 
-from oma.experiments.stats import Estimate, endpoint, mean_ci, nauc, paired_diff, t_quantile
+from oma.experiments.stats import Estimate, endpoint, holm, mean_ci, nauc, paired_diff, t_quantile
 from oma.experiments.variants import BASELINE, VARIANT_SETS, VARIANTS, Variant
 
-__all__ = ["BASELINE", "VARIANTS", "VARIANT_SETS", "Estimate", "Variant", "endpoint", "mean_ci", "nauc", "paired_diff",
+__all__ = ["BASELINE", "VARIANTS", "VARIANT_SETS", "Estimate", "Variant", "endpoint", "holm", "mean_ci", "nauc", "paired_diff",
            "t_quantile"]

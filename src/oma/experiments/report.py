@@ -13,7 +13,9 @@ Per run (seed k of variant v), at the matched horizon H:
   dumped batch ≤ H, averaged over iterations (mean of the defined values).
 
 Per variant: mean and 95% Student-t CI over seeds, and the paired difference to row+native
-(same seed: same warm start, same task seeds); significant = its CI excludes 0.
+(same seed: same warm start, same task seeds); significant = its CI excludes 0. Across all the
+paired differences of one report, Holm–Bonferroni at family-wise 5% says which survive the
+multiplicity (a 2x2 report makes 6 comparisons: 1 − 0.95⁶ = 26% chance of some false positive).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from oma.experiments.stats import (
     curve_to_horizon,
     endpoint,
     endpoint_iterations,
+    holm,
     mean_ci,
     nauc,
     paired_diff,
@@ -219,29 +222,42 @@ def analyse(out: Path, horizon: int | None = None) -> dict[str, Any]:
             "missing": missing, "endpoint_iterations": [list(t) for t in ep_its], "_runs": runs}
 
 
+DIFFS: tuple[tuple[str, str], ...] = (("diff_endpoint", "endpoint success"), ("diff_nauc", "nAUC"))
+"""(key, label) of the paired differences every variant is tested on."""
+
+
+def comparisons(a: dict[str, Any]) -> list[tuple[str, str, str, Estimate, bool]]:
+    """Every paired difference of the report as (variant, key, label, estimate, survives Holm).
+
+    The family is all of them (each variant × endpoint and nAUC), corrected together with
+    :func:`holm` at 1 − the CIs' level.
+    """
+    tests = [(v, key, label, e[key]) for v, e in a["per_variant"].items() for key, label in DIFFS if key in e]
+    keep = holm([d.p for *_, d in tests], alpha=1.0 - tests[0][3].level) if tests else []
+    return [(*t, k) for t, k in zip(tests, keep)]
+
+
 def significance_statements(a: dict[str, Any]) -> list[str]:
     """Plain-language statements of which paired differences are significant (and that none are)."""
-    lines: list[str] = []
-    tested = 0
-    for v, e in a["per_variant"].items():
-        for metric, label in (("diff_endpoint", "endpoint success"), ("diff_nauc", "nAUC")):
-            d: Estimate | None = e.get(metric)
-            if d is None:
-                continue
-            tested += 1
-            if d.significant:
-                way = "higher" if d.mean > 0 else "lower"
-                lines.append(f"{v} has a significantly {way} {label} than {BASELINE}: paired difference "
-                             f"{_signed(d.mean)} (95% CI {_signed(d.lo)} to {_signed(d.hi)}, n={d.n} seeds).")
-    if not tested:
+    tests = comparisons(a)
+    if not tests:
         return [f"No paired difference could be computed (no seed where both {BASELINE} and another variant finished)."]
+    if all(not math.isfinite(d.half_width) for *_, d, _ in tests):
+        return [("With one seed per variant the 95% CIs are undefined: no difference can be called significant. "
+                "Run more seeds (DESIGN §8 asks for at least 3).")]
+    lines = [f"{v} has a significantly {'higher' if d.mean > 0 else 'lower'} {label} than {BASELINE}: paired "
+             f"difference {_signed(d.mean)} (95% CI {_signed(d.lo)} to {_signed(d.hi)}, p = {d.p:.3f}, n={d.n} seeds)."
+             for v, _, label, d, _ in tests if d.significant]
     if not lines:
-        diffs = [e[m] for e in a["per_variant"].values() for m in ("diff_endpoint", "diff_nauc") if m in e]
-        if all(not math.isfinite(d.half_width) for d in diffs):
-            return [("With one seed per variant the 95% CIs are undefined: no difference can be called significant. "
-                    "Run more seeds (DESIGN §8 asks for at least 3).")]
         return [(f"No difference is significant: every 95% CI of a paired difference to {BASELINE} "
                 "(endpoint and nAUC) includes 0.")]
+    m = sum(math.isfinite(d.p) for *_, d, _ in tests)
+    if m > 1:
+        kept = [f"{v} ({label})" for v, _, label, d, k in tests if k]
+        lines.append(
+            f"Corrected for the {m} comparisons of this report (Holm–Bonferroni, family-wise 5%), "
+            + (f"{len(kept)} of them remain significant: {', '.join(kept)}." if kept else
+               "none remains significant: with this many comparisons, read the differences above as suggestive."))
     return lines
 
 
@@ -426,8 +442,9 @@ def results_dict(a: dict[str, Any]) -> dict[str, Any]:
              "eval_success": r.eval_success, "audited_batches": r.audited_batches,
              "coupling": {k: num(x) for k, x in r.coupling.items()}}
             for rv in a["_runs"].values() for r in rv.values()]
+    holm_kept = {f"{v}/{key}": k for v, key, _, d, k in comparisons(a) if math.isfinite(d.p)}
     return {"horizon": a["horizon"], "baseline": BASELINE, "variants": pv, "runs": runs, "missing": a["missing"],
-            "significance": significance_statements(a)}
+            "significance": significance_statements(a), "holm_significant": holm_kept}
 
 
 def write_report(out: Path, out_file: Path | None = None, horizon: int | None = None, console=None) -> Path:

@@ -198,13 +198,15 @@ class Estimate:
     """A mean over n samples with its confidence interval ``mean ± half_width``.
 
     ``half_width`` is NaN when n = 1 (no spread to estimate): the interval is then undefined and
-    nothing is significant.
+    nothing is significant. ``p`` is the two-sided p-value of the one-sample t test of mean = 0,
+    the same t as the interval (so ``p < 1 − level`` exactly when the CI excludes 0); NaN when n = 1.
     """
 
     mean: float
     half_width: float
     n: int
     level: float = 0.95
+    p: float = math.nan
 
     @property
     def lo(self) -> float:
@@ -224,7 +226,7 @@ class Estimate:
             return float(v) if math.isfinite(v) else None
 
         return {"mean": num(self.mean), "half_width": num(self.half_width), "lo": num(self.lo), "hi": num(self.hi),
-                "n": self.n, "level": self.level, "significant": self.significant}
+                "n": self.n, "level": self.level, "significant": self.significant, "p": num(self.p)}
 
 
 def mean_ci(samples: Sequence[float], level: float = 0.95) -> Estimate:
@@ -233,7 +235,10 @@ def mean_ci(samples: Sequence[float], level: float = 0.95) -> Estimate:
         x̄ = (1/n) Σ x_k,   s = √( Σ (x_k − x̄)² / (n − 1) ),
         half-width = t_{(1+level)/2, n−1} · s / √n
 
-    e.g. [1, 2, 3] → 2 ± 4.303 · 1/√3 at level 0.95. One sample: half-width NaN (undefined).
+    and the two-sided p-value of mean = 0, p = 2 · P(T_{n−1} ≤ −|x̄| / (s/√n)) (0 when s = 0 and
+    x̄ ≠ 0, 1 when both are 0).
+
+    e.g. [1, 2, 3] → 2 ± 4.303 · 1/√3 at level 0.95, p = 0.0742. One sample: half-width and p NaN.
     """
     x = np.asarray(samples, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
@@ -246,8 +251,32 @@ def mean_ci(samples: Sequence[float], level: float = 0.95) -> Estimate:
     mean = float(x.mean())
     if n == 1:
         return Estimate(mean, math.nan, 1, level)
-    s = float(x.std(ddof=1))
-    return Estimate(mean, t_quantile((1.0 + level) / 2.0, n - 1) * s / math.sqrt(n), n, level)
+    se = float(x.std(ddof=1)) / math.sqrt(n)
+    p = 2.0 * t_cdf(-abs(mean) / se, n - 1) if se > 0 else float(mean == 0.0)
+    return Estimate(mean, t_quantile((1.0 + level) / 2.0, n - 1) * se, n, level, p)
+
+
+def holm(p_values: Sequence[float], alpha: float = 0.05) -> list[bool]:
+    r"""Holm–Bonferroni step-down test: which of m hypotheses are rejected at family-wise level ``alpha``.
+
+    Sort the p-values, p_(1) ≤ … ≤ p_(m); reject H_(1) … H_(j−1), where j is the first index with
+    p_(j) > alpha / (m − j + 1) (Holm 1979, *Scand. J. Statist.* 6:65–70). It controls the chance
+    of any false rejection among the m at ``alpha`` under any dependence between the tests, and
+    rejects everything plain Bonferroni (p ≤ alpha/m) rejects, and possibly more.
+
+    NaN p-values (undefined tests, e.g. one seed) are never rejected and do not count in m.
+    Returns one bool per input, in input order; e.g. [0.01, 0.04, 0.03] → [True, False, False]
+    (0.01 ≤ 0.05/3, then 0.03 > 0.05/2 stops).
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    defined = sorted((pv, i) for i, pv in enumerate(p_values) if math.isfinite(pv))
+    rejected = [False] * len(p_values)
+    for rank, (pv, i) in enumerate(defined):
+        if pv > alpha / (len(defined) - rank):
+            break
+        rejected[i] = True
+    return rejected
 
 
 def paired_diff(variant: Sequence[float], baseline: Sequence[float], level: float = 0.95) -> Estimate:
