@@ -270,20 +270,30 @@ def _door_names(room: str) -> tuple[str, ...]:
     return (f"door to {room}", f"{room} door", "door")
 
 
-def _parse(action: str, names: set[str]) -> tuple[str, tuple[str, ...]] | None:
-    """``(verb, objects)`` of an action string, splitting on known object ``names``; None if unknown."""
+def _two_object_splits(action: str) -> tuple[str, tuple[str, ...], list[tuple[str, str]]] | None:
+    """For an action with a two-object verb: the verb, its separators and every ``(first, second)``
+    split of the rest at a separator, in order (object names may contain a separator word, so
+    only the caller knows which split names real objects); None for any other verb."""
     for verb, seps in _TWO:
         if action.startswith(verb + " "):
             rest = action[len(verb) + 1:]
+            splits = []
             for sep in seps:
                 marker = f" {sep} "
                 at = rest.find(marker)
                 while at != -1:
-                    first, second = rest[:at], rest[at + len(marker):]
-                    if first in names and second in names:
-                        return verb, (first, second)
+                    splits.append((rest[:at], rest[at + len(marker):]))
                     at = rest.find(marker, at + 1)
-            return None
+            return verb, seps, splits
+    return None
+
+
+def _parse(action: str, names: set[str]) -> tuple[str, tuple[str, ...]] | None:
+    """``(verb, objects)`` of an action string, splitting on known object ``names``; None if unknown."""
+    two = _two_object_splits(action)
+    if two is not None:
+        verb, _, splits = two
+        return next(((verb, pair) for pair in splits if pair[0] in names and pair[1] in names), None)
     for verb in _ONE:
         if action.startswith(verb + " "):
             return verb, (action[len(verb) + 1:],)
@@ -544,21 +554,17 @@ class ScienceWorldEnv(EpisodeEnv):
         for old, new in _SYNONYMS:
             if action.startswith(old) and new + action[len(old):] in admissible:
                 return new + action[len(old):]
-        for verb, seps in _TWO:
-            if action.startswith(verb + " "):
-                rest = action[len(verb) + 1:]
-                for sep in seps:
-                    marker = f" {sep} "
-                    at = rest.find(marker)
-                    while at != -1:
-                        for first in self._names_for(rest[:at]):
-                            for second in self._names_for(rest[at + len(marker):]):
-                                for out in seps:
-                                    candidate = f"{verb} {first} {out} {second}"
-                                    if candidate in admissible:
-                                        return candidate
-                        at = rest.find(marker, at + 1)
-                return None
+        two = _two_object_splits(action)
+        if two is not None:
+            verb, seps, splits = two
+            for a, b in splits:
+                for first in self._names_for(a):
+                    for second in self._names_for(b):
+                        for out in seps:
+                            candidate = f"{verb} {first} {out} {second}"
+                            if candidate in admissible:
+                                return candidate
+            return None
         for old, new in (*_SYNONYMS, ("", "")):
             if action.startswith(old):
                 action = new + action[len(old):]
