@@ -181,6 +181,15 @@ def test_compare_parallel_jobs_one_seed(tmp_path):
     report = (out / "report.md").read_text()
     assert "one seed per variant" in report  # a CI needs two seeds; nothing is called significant
 
+    # ---- a larger --seeds adds seeds: the finished seed is reused, only the new one trains ------
+    assert oma_main([*argv[:argv.index("--seeds") + 1], "2", *argv[argv.index("--seeds") + 2:]]) == 0
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["seeds"] == [0, 1]
+    assert {k: e["status"] for k, e in doc["runs"].items()} == {
+        "row+native/seed-0": "reused", "OA+MA/seed-0": "reused", "row+native/seed-1": "trained",
+        "OA+MA/seed-1": "trained"}
+    assert json.loads((out / "results.json").read_text())["variants"]["OA+MA"]["paired_seeds"] == [0, 1]
+
 
 # ------------------------------------------------------------------------------------------------
 # `oma report` on a hand-made directory: every number checked by hand arithmetic
