@@ -152,6 +152,21 @@ def test_metrics_are_strict_json_with_null_for_an_empty_outcome_class(monkeypatc
         MetricsLog(tmp_path, tensorboard=False).write({"iteration": 2, "loss": float("nan")})
 
 
+def test_evaluation_reports_success_and_mean_reward_by_hand(monkeypatch):
+    from oma.agent.rollout import Episode, Rollout
+    from oma.train import loop
+
+    # four held-out episodes: one win (reward 1), partial credit 0.5 and 0.25, and a zero
+    eps = [Episode(seed=k, group=k, steps=s, invalid=i, outcome=o, won=w)
+           for k, (s, i, o, w) in enumerate([(2, 0, 1.0, True), (4, 1, 0.5, False), (6, 3, 0.0, False), (4, 0, 0.25, False)])]
+    monkeypatch.setattr(loop, "rollout", lambda *a, **k: Rollout(rows=None, episodes=eps, generated_tokens=0))
+    got = loop.evaluate(load_config(None, ["env.eval_tasks=4"]), None, None, None, iteration=3)
+    for name in ("eval", "eval_sampled"):
+        assert got[f"{name}_success"] == 1 / 4
+        assert got[f"{name}_outcome"] == (1.0 + 0.5 + 0.0 + 0.25) / 4
+        assert got[f"{name}_steps"] == 16 / 4 and got[f"{name}_invalid"] == 4 / 16
+
+
 def test_a_non_finite_gradient_stops_the_update_before_the_optimizer_step(monkeypatch, tiny_policy):
     model, tok = tiny_policy
     model = copy.deepcopy(model)

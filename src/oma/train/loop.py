@@ -193,6 +193,8 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
     ``policy.temperature`` from a generator seeded by the run seed and the iteration, so it is the
     same in a resumed run: it is the policy RL actually trains, and a small policy's greedy
     success can lag it, because one wrong argmax in a state the policy revisits loops to the cap.
+    ``*_outcome`` is the mean episode reward (shop's partial credit under ``reward=score``; the
+    success rate again for 0/1 rewards).
     """
     seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
     out = {}
@@ -203,7 +205,9 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
                      temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
                      constrained=cfg.policy.constrained)
         steps = sum(e.steps for e in ro.episodes)
-        out.update({f"{name}_success": ro.success_rate, f"{name}_steps": steps / len(ro.episodes),
+        out.update({f"{name}_success": ro.success_rate,
+                    f"{name}_outcome": sum(e.outcome for e in ro.episodes) / len(ro.episodes),
+                    f"{name}_steps": steps / len(ro.episodes),
                     f"{name}_invalid": sum(e.invalid for e in ro.episodes) / max(1, steps)})
     return out
 
