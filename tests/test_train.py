@@ -98,17 +98,23 @@ def test_rollout_rows(monkeypatch, tiny_policy):
     assert rows.anchor[mine].tolist() == anchor_ids(replay).tolist()
 
 
+def _captured_batch(monkeypatch, model, tok, seeds=(5,), group_size=2, max_steps=3, logp_shift=0.0):
+    """A scripted shop rollout and its batch (GRPO advantages; logp_old = current logp − logp_shift)."""
+    monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))
+    ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=max_steps), model, tok, list(seeds),
+                             group_size=group_size, history_length=1, max_prompt_tokens=400, max_new_tokens=8,
+                             temperature=1.0, invalid_penalty=0.1, generator=None)
+    mask = response_mask_of(ro.rows)
+    adv = outcome_advantages(ro.rows.scores, ro.rows.group_index, ro.rows.traj_index)
+    logp_old = batch_logprobs(model, ro.rows, tok.pad_token_id, 4, mask.shape[1]) - logp_shift
+    return ro, Batch(ro.rows, mask, adv, logp_old, None)
+
+
 def test_loop_loss_equals_oma_core_on_a_captured_batch(monkeypatch, tiny_policy):
     model, tok = tiny_policy
-    monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))
-    ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=5), model, tok, [3, 4], group_size=3, history_length=1,
-                             max_prompt_tokens=400, max_new_tokens=8, temperature=1.0, invalid_penalty=0.1, generator=None)
-    rows = ro.rows
+    ro, batch = _captured_batch(monkeypatch, model, tok, seeds=(3, 4), group_size=3, max_steps=5, logp_shift=0.05)  # ratio ≠ 1
+    rows, mask, adv, logp_old = ro.rows, batch.response_mask, batch.adv, batch.logp_old
     cfg = load_config(None, ["algo.mass=uniform", "algo.reducer=seq-mean-token-mean", "optim.micro_batch_rows=3"])
-    mask = response_mask_of(rows)
-    adv = outcome_advantages(rows.scores, rows.group_index, rows.traj_index)
-    logp_old = batch_logprobs(model, rows, tok.pad_token_id, 4, mask.shape[1]) - 0.05  # ratio ≠ 1
-    batch = Batch(rows, mask, adv, logp_old, None)
     model.zero_grad()
     stats = minibatch_loss(model, batch, torch.arange(len(rows)), cfg, tok.pad_token_id, backward=True)
     grads = [p.grad.clone() for p in model.parameters()]
@@ -123,15 +129,6 @@ def test_loop_loss_equals_oma_core_on_a_captured_batch(monkeypatch, tiny_policy)
     assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-7)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
-
-
-def _captured_batch(monkeypatch, model, tok):
-    monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))
-    ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=3), model, tok, [5], group_size=2, history_length=1,
-                             max_prompt_tokens=400, max_new_tokens=8, temperature=1.0, invalid_penalty=0.1, generator=None)
-    mask = response_mask_of(ro.rows)
-    adv = outcome_advantages(ro.rows.scores, ro.rows.group_index, ro.rows.traj_index)
-    return ro, Batch(ro.rows, mask, adv, batch_logprobs(model, ro.rows, tok.pad_token_id, 4, mask.shape[1]), None)
 
 
 def test_metrics_are_strict_json_with_null_for_an_empty_outcome_class(monkeypatch, tmp_path, tiny_policy):
