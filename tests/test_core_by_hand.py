@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from oma.core import (
+    clipped_tokens,
     discounted_returns,
     gigpo_advantages,
     group_outcome_stats,
@@ -183,6 +184,42 @@ def test_gspo_sequence_ratio_by_hand():
     mask = torch.tensor([[True, True, False]])
     loss = token_objective(logp, logp_old, torch.tensor([1.0]), mask, objective="gspo", clip_low=0.2, clip_high=0.5)
     close(loss, [[-math.sqrt(2), -math.sqrt(2), 0.0]])
+
+
+def test_clipped_tokens_by_hand():
+    # ppo, token ratios 1.5 (A=+1, above 1.28: clipped), 0.5 (A=+1: below, not clipped),
+    # 0.7 (A=−2, below 0.8: clipped), 1.5 (A=−1: above, not clipped), masked
+    logp = torch.log(torch.tensor([[1.5, 0.5, 0.7, 1.5, 9.0]]))
+    adv = torch.tensor([[1.0, 1.0, -2.0, -1.0, 1.0]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    got = clipped_tokens(logp, torch.zeros(1, 5), adv, mask, clip_low=0.2, clip_high=0.28)
+    assert got.tolist() == [[True, False, True, False, False]]
+    # gspo clips the sequence ratio: tokens 2.0 and 1.0 give s = √2 > 1.28, so both valid tokens
+    # are clipped though the second token's own ratio is 1; with ε_high = 0.5 neither is
+    logp = torch.tensor([[math.log(2.0), 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False]])
+    got = clipped_tokens(logp, torch.zeros(1, 3), torch.tensor([1.0]), mask, objective="gspo", clip_low=0.2, clip_high=0.28)
+    assert got.tolist() == [[True, True, False]]
+    got = clipped_tokens(logp, torch.zeros(1, 3), torch.tensor([1.0]), mask, objective="gspo", clip_low=0.2, clip_high=0.5)
+    assert got.tolist() == [[False, False, False]]
+    # ppo on the same row clips the first token alone
+    assert clipped_tokens(logp, torch.zeros(1, 3), torch.tensor([1.0]), mask).tolist() == [[True, False, False]]
+
+
+def test_clipped_tokens_are_where_the_objective_has_no_gradient():
+    torch.manual_seed(0)
+    logp_old = torch.randn(6, 5)
+    logp = (logp_old + 0.5 * torch.randn(6, 5)).requires_grad_()
+    adv = torch.randn(6)
+    mask = torch.rand(6, 5) > 0.2
+    for objective in ("ppo", "gspo"):
+        token_objective(logp, logp_old, adv, mask, objective=objective).sum().backward()
+        clipped = clipped_tokens(logp, logp_old, adv, mask, objective=objective)
+        if objective == "ppo":  # per token: clipped ⇔ zero gradient (on valid tokens)
+            assert torch.equal(clipped, (logp.grad == 0) & mask)
+        else:  # a clipped row has zero gradient on all its tokens
+            assert bool((logp.grad[clipped] == 0).all())
+        logp.grad = None
 
 
 def test_kl_and_entropy_by_hand():

@@ -1,6 +1,7 @@
 """The trainer: projection, row assembly, the loop's loss vs oma.core, CLI smoke, resume, errors."""
 
 import copy
+import math
 import json
 import re
 
@@ -62,7 +63,8 @@ def _scripted_generate(tok, invalid_every=3):
             calls["n"] += 1
             can = re.search(r"\nCan: (.*)\nTask: .*\nAction:$", tok.decode(ids)).group(1).split(" | ")
             texts.append("no such action" if calls["n"] % invalid_every == 0 else can[-1])
-        return Generation([tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts], texts)
+        ids = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
+        return Generation(ids, texts, logp=[[0.0] * len(r) for r in ids], entropy=[[0.0] * len(r) for r in ids])
 
     return fake
 
@@ -168,6 +170,7 @@ def test_a_non_finite_gradient_stops_the_update_before_the_optimizer_step(monkey
     model, tok = tiny_policy
     model = copy.deepcopy(model)
     _, batch = _captured_batch(monkeypatch, model, tok)
+    batch.adv = torch.linspace(-1.0, 1.0, len(batch.adv))  # scripted episodes tie (A = 0 rows are skipped): give them a gradient
     # the loss stays finite (oma.core rejects non-finite logp itself); one gradient overflows, as in fp16
     next(model.parameters()).register_hook(lambda g: g * float("inf"))
     before = [p.detach().clone() for p in model.parameters()]
@@ -211,7 +214,7 @@ def test_cli_smoke_two_iterations(tmp_path):
 
 
 def _metrics(path):
-    drop = ("time_", "tokens_per_s", "warm_start")
+    drop = ("time_", "tokens_per_s", "rows_per_s", "warm_start")
     return [{k: v for k, v in json.loads(line).items() if not k.startswith(drop)} for line in path.read_text().splitlines()]
 
 
@@ -333,3 +336,117 @@ def test_reward_only_options_leave_demonstrations_and_the_warm_start_key_alone(n
         assert len(keys) == 1
     other = {"household": "size=small", "shop": "distractors=few"}[name]
     assert cache_key(load_config(None, [f"env.name={name}"])) != cache_key(load_config(None, [f"env.name={name}", f"env.options.{other}"]))
+
+
+def test_forced_rest_and_unique_index_by_hand():
+    from oma.agent.policy import forced_rest, unique_index
+
+    choices = [[5, 6, 7, 2], [5, 8, 2], [9, 2]]  # three actions, EOS = 2
+    assert forced_rest(choices, []) is None  # three remain
+    assert forced_rest(choices, [5]) is None  # two remain
+    assert forced_rest(choices, [5, 6]) == [7, 2]  # one remains: its rest is forced
+    assert forced_rest(choices, [9]) == [2]
+    assert forced_rest(choices + [[9, 2]], [9]) == [2]  # a duplicated action is still one continuation
+    firsts, inverse = unique_index(["a", "b", "a", "c", "b"])
+    assert firsts == [0, 1, 3] and inverse.tolist() == [0, 1, 0, 2, 1]
+    assert unique_index([])[0] == [] and unique_index([])[1].tolist() == []
+
+
+def test_generation_records_the_log_probs_training_scores(tiny_policy):
+    """logp recorded while sampling = response_logprobs of the same rows (constrained, T=1); forced tokens are
+    exactly 0; duplicated prompts (shared prefill) decode as they would alone."""
+    from oma.agent.policy import action_choices, generate
+
+    model, tok = tiny_policy
+    env = oma.envs.make("shop")
+    prompts, choices = [], []
+    for seed in (1, 2):
+        obs, info = env.reset(seed)
+        prompts.append(tok(step_prompt(info["task"], [], obs, info["admissible_actions"], 0), add_special_tokens=False)["input_ids"])
+        choices.append(action_choices(tok, info["admissible_actions"]))
+    batch_prompts, batch_choices = [prompts[k % 2] for k in range(6)], [choices[k % 2] for k in range(6)]
+    for temperature in (1.0, 0.0, 2.0):
+        gen = generate(model, tok, batch_prompts, max_new_tokens=2, temperature=temperature,
+                       generator=torch.Generator().manual_seed(3), choices=batch_choices)
+        logp, mask, entropy = response_logprobs(model, batch_prompts, gen.response_ids, tok.pad_token_id, with_entropy=True,
+                                                allowed=gen.allowed)
+        for r, ids in enumerate(gen.response_ids):
+            assert len(gen.logp[r]) == len(ids) == int(mask[r].sum())
+            torch.testing.assert_close(torch.tensor(gen.logp[r]), logp[r, : len(ids)], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(torch.tensor(gen.entropy[r]), entropy[r, : len(ids)], rtol=1e-4, atol=1e-5)
+            forced = [t for t in range(len(ids)) if int((gen.allowed[r][:, 0] == t).sum()) == 1]
+            assert forced and all(gen.logp[r][t] == 0.0 for t in forced)  # every action ends in forced tokens (EOS)
+    alone = generate(model, tok, prompts, max_new_tokens=2, temperature=0.0, generator=None, choices=choices)
+    shared = generate(model, tok, batch_prompts, max_new_tokens=2, temperature=0.0, generator=None, choices=batch_choices)
+    assert shared.texts == [alone.texts[k % 2] for k in range(6)]
+
+
+def test_forward_plan_serves_every_row_once_and_computes_each_distinct_row_once():
+    from oma.agent.rollout import Rows
+    from oma.train.loop import forward_plan
+
+    prompts = [[1, 2], [1, 2], [3], [1, 2], [4, 5, 6], [3]]
+    responses = [[7], [7], [7], [8], [9, 9], [7]]
+    rows = Rows(prompt_ids=prompts, response_ids=responses)
+    rows_idx = torch.tensor([0, 1, 2, 3, 4, 5])
+    for micro in (1, 2, 10):
+        plan = forward_plan(rows, rows_idx, micro)
+        served = torch.cat([s for _, s, _ in plan]).sort().values
+        assert served.tolist() == list(range(6))  # each position once
+        computed = [(tuple(prompts[i]), tuple(responses[i])) for c, _, _ in plan for i in c.tolist()]
+        assert sorted(computed) == sorted(set(zip(map(tuple, prompts), map(tuple, responses))))  # 4 distinct rows
+        assert all(len(c) <= micro for c, _, _ in plan)
+        for compute, positions, local in plan:  # each position reads the row equal to its own
+            for pos, loc in zip(positions.tolist(), local.tolist()):
+                i, j = rows_idx[pos].item(), compute[loc].item()
+                assert (prompts[i], responses[i]) == (prompts[j], responses[j])
+    lengths = [len(prompts[c[0]]) + len(responses[c[0]]) for c, _, _ in forward_plan(rows, rows_idx, 1)]
+    assert lengths == sorted(lengths, reverse=True)  # longest first: micro-batches pad to similar lengths
+    assert forward_plan(rows, torch.tensor([], dtype=torch.long), 4) == []
+
+
+def test_learning_signal_by_hand():
+    from oma.agent.rollout import Rows
+    from oma.train.loop import learning_signal
+
+    # 3 groups: g0 trajectories 0 (score 1, 2 rows) and 1 (score 0, 1 row); g1 two trajectories that both
+    # scored 1 (zero spread); g2 a single trajectory (no baseline): 2 of 3 groups teach nothing
+    group = torch.tensor([0, 0, 0, 1, 1, 2])
+    traj = torch.tensor([0, 0, 1, 2, 3, 4])
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 0.5])
+    rows = Rows(prompt_ids=[[1]] * 6, response_ids=[[1]] * 6, group_index=group, traj_index=traj, scores=scores)
+    mask = torch.tensor([[True, True]] * 5 + [[True, False]])
+    entropy = torch.tensor([[0.5, 0.1]] * 5 + [[1.0, 99.0]])  # the masked 99 must not count
+    logp_old = torch.log(torch.tensor([[0.5, 0.25]] * 6))
+    logp_ref = torch.log(torch.tensor([[0.25, 0.25]] * 6))
+    adv = torch.tensor([1.0, 1.0, -1.0, 0.0, 0.0, 0.0])
+    got = learning_signal(rows, mask, adv, logp_old, entropy, logp_ref)
+    assert got["zero_spread_groups"] == pytest.approx(2 / 3)
+    assert got["adv_abs_mean"] == pytest.approx(3 / 6)
+    assert got["entropy"] == pytest.approx((5 * 0.6 + 1.0) / 11)
+    k3 = 0.5 - math.log(0.5) - 1  # first token: ratio ref/old = 0.5; second token: 0
+    assert got["kl_warm_start"] == pytest.approx(6 * k3 / 11)
+    assert "kl_warm_start" not in learning_signal(rows, mask, adv, logp_old, entropy, None)
+
+
+def test_rows_without_advantage_are_skipped_exactly(monkeypatch, tiny_policy):
+    """Skipping the forward pass of A = 0 rows changes neither the loss nor the gradient; their tokens
+    still count in the weights' normalisers (token-mean over the whole mini-batch)."""
+    model, tok = tiny_policy
+    ro, batch = _captured_batch(monkeypatch, model, tok, seeds=(3, 4), group_size=3, max_steps=5, logp_shift=0.05)
+    rows = ro.rows
+    batch.adv = torch.where(rows.traj_index % 2 == 0, torch.zeros(len(rows)), torch.linspace(-1, 1, len(rows)))
+    assert 0 < int((batch.adv == 0).sum()) < len(rows)
+    cfg = load_config(None, ["algo.mass=native", "algo.reducer=token-mean", "optim.micro_batch_rows=2"])
+    model.zero_grad()
+    stats = minibatch_loss(model, batch, torch.arange(len(rows)), cfg, tok.pad_token_id, backward=True)
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logp, mask, _ = response_logprobs(model, rows.prompt_ids, rows.response_ids, tok.pad_token_id)
+    w = token_weights(mask, rows.group_index, rows.traj_index, reducer="token-mean", mass="native")
+    assert float(w.sum()) == pytest.approx(1.0)  # normalised over every token, skipped rows' included
+    loss = weighted_loss(token_objective(logp, batch.logp_old, batch.adv, mask), w)
+    loss.backward()
+    assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-7)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)

@@ -78,6 +78,12 @@ class Generation:
     response_ids: list[list[int]]
     texts: list[str]
     allowed: list[Tensor] | None = None
+    logp: list[list[float]] | None = None
+    """Per response token: its log-probability under the (constrained) policy at temperature 1, the
+    distribution training scores (a forced token's is exactly 0), so rollouts need no second pass
+    for ``logp_old``."""
+    entropy: list[list[float]] | None = None
+    """Per response token: the entropy (nats) of that same distribution."""
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
@@ -110,6 +116,31 @@ def allowed_next(choices: Choices, prefix: Sequence[int]) -> list[int]:
     return sorted({c[n] for c in choices if len(c) > n and c[:n] == prefix})
 
 
+def forced_rest(choices: Choices, prefix: Sequence[int]) -> list[int] | None:
+    """The rest of the one choice that ``prefix`` still leads to, or None while several remain.
+
+    Once only one admissible action continues ``prefix``, every later token has constrained
+    probability 1 (log-prob exactly 0): :func:`generate` appends them without a forward pass.
+    """
+    n, prefix = len(prefix), list(prefix)
+    rest = {tuple(c[n:]) for c in choices if c[:n] == prefix}
+    return list(next(iter(rest))) if len(rest) == 1 else None
+
+
+def unique_index(keys: Sequence[object]) -> tuple[list[int], Tensor]:
+    """(first position of each distinct key, inverse [len(keys)]): ``keys[first[inverse[i]]] == keys[i]``."""
+    slot: dict[object, int] = {}
+    firsts: list[int] = []
+    inverse: list[int] = []
+    for i, key in enumerate(keys):
+        u = slot.get(key)
+        if u is None:
+            u = slot[key] = len(firsts)
+            firsts.append(i)
+        inverse.append(u)
+    return firsts, torch.tensor(inverse, dtype=torch.long)
+
+
 def allowed_positions(choices: Choices, response: Sequence[int]) -> Tensor:
     """int64 [n, 2] of (position, token): what constrained decoding allowed at each step of ``response``."""
     pairs = [(t, v) for t in range(len(response)) for v in allowed_next(choices, response[:t])]
@@ -133,20 +164,30 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
     With ``choices`` (per prompt, the admissible actions' token ids ending with EOS) decoding is
     constrained: each token is drawn from the model's distribution renormalised over the tokens
     that continue some admissible action, so every response is exactly one of them (its length,
-    not ``max_new_tokens``, bounds the loop). Sampling draws from ``generator`` only, so a rollout
-    is reproducible from its seed (and a resumed run samples what an uninterrupted one would).
+    not ``max_new_tokens``, bounds the loop). Once a single action remains, its remaining tokens
+    (probability 1) are appended without a forward pass (:func:`forced_rest`). Identical prompts
+    (the n episodes of a task at their first steps) are prefilled once and their KV cache shared.
+    Sampling draws from ``generator`` only, so a rollout is reproducible from its seed (and a
+    resumed run samples what an uninterrupted one would).
     """
     eos = tokenizer.eos_token_id
-    ids, mask = left_pad(prompt_ids, tokenizer.pad_token_id)
+    firsts, expand = unique_index([tuple(p) for p in prompt_ids])
+    ids, mask = left_pad([prompt_ids[i] for i in firsts], tokenizer.pad_token_id)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    batch = ids.shape[0]
+    logits_last, mask = out.logits[expand, -1], mask[expand]
+    past = out.past_key_values
+    if len(firsts) < len(prompt_ids):
+        past.reorder_cache(expand)  # one cache row per prompt again (index_select along the batch)
+    batch = len(prompt_ids)
     responses: list[list[int]] = [[] for _ in range(batch)]
     done = torch.zeros(batch, dtype=torch.bool)
     steps = max(len(c) for ch in choices for c in ch) if choices is not None else max_new_tokens
     pairs: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
+    logps: list[list[float]] = [[] for _ in range(batch)]
+    entropies: list[list[float]] = [[] for _ in range(batch)]
     for step in range(steps):
-        logits = out.logits[:, -1].float()
+        logits = logits_last.float()
         if choices is not None:
             allowed = torch.zeros_like(logits, dtype=torch.bool)
             for i in (~done).nonzero().squeeze(-1).tolist():
@@ -160,18 +201,31 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:
             nxt = logits.argmax(-1)
+        logp_all = torch.log_softmax(logits, dim=-1)  # temperature 1: the distribution training scores
+        logp_nxt = logp_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).tolist()
+        entropy = (-(logp_all.exp() * logp_all).sum(-1)).tolist()
         for i in (~done).nonzero().squeeze(-1).tolist():
             responses[i].append(int(nxt[i]))
+            logps[i].append(logp_nxt[i])
+            entropies[i].append(entropy[i])
+            rest = forced_rest(choices[i], responses[i]) if choices is not None else None
+            if rest:
+                pairs[i] += [(len(responses[i]) + k, v) for k, v in enumerate(rest)]
+                responses[i] += rest
+                logps[i] += [0.0] * len(rest)
+                entropies[i] += [0.0] * len(rest)
+                done[i] = True
         done |= nxt == eos
         if bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones(batch, 1, dtype=torch.long)], dim=1)
         positions = mask.sum(-1, keepdim=True) - 1
         out = model(input_ids=nxt.unsqueeze(-1), attention_mask=mask, position_ids=positions,
-                    past_key_values=out.past_key_values, use_cache=True)
+                    past_key_values=past, use_cache=True)
+        logits_last, past = out.logits[:, -1], out.past_key_values
     texts = [tokenizer.decode([t for t in r if t != eos]) for r in responses]
     allowed_pairs = [torch.tensor(p, dtype=torch.long).reshape(-1, 2) for p in pairs] if choices is not None else None
-    return Generation(responses, texts, allowed_pairs)
+    return Generation(responses, texts, allowed_pairs, logps, entropies)
 
 
 def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],

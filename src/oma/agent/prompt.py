@@ -14,8 +14,12 @@ PROMPT_END = "\nAction:"
 
 
 def step_prompt(task: str, history: Sequence[tuple[str, str]], observation: str, admissible: Sequence[str],
-                history_length: int) -> str:
+                history_length: int, show_actions: bool = True) -> str:
     """The last ``history_length`` (observation, action) pairs, the observation, the actions, the task.
+
+    ``show_actions=False`` leaves out the ``Can:`` line of admissible actions: under constrained
+    decoding the policy can write nothing else, and the line is about a quarter of a household
+    prompt's tokens (docs/training.md#what-limited-learning).
 
     The task is the last line before the answer. Most decisions copy a word of the task into the
     action (the object to take, the receptacle to put it on); a small model learns to copy from a
@@ -29,7 +33,8 @@ def step_prompt(task: str, history: Sequence[tuple[str, str]], observation: str,
             lines.append(f"Obs: {past_obs}")
             lines.append(f"Did: {past_action}")
     lines.append(f"Obs: {observation}")
-    lines.append("Can: " + " | ".join(admissible))
+    if show_actions:
+        lines.append("Can: " + " | ".join(admissible))
     lines.append(f"Task: {task}")
     return "\n".join(lines) + PROMPT_END
 

@@ -39,6 +39,10 @@ class Rows:
     won: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     allowed: list[Tensor] | None = None
     """Constrained decoding only: each row's allowed (position, token) pairs (for its log-probs)."""
+    logp: list[list[float]] = field(default_factory=list)
+    """Each response token's log-prob under the rollout policy (temperature 1), recorded while sampling."""
+    entropy: list[list[float]] = field(default_factory=list)
+    """Each response token's entropy (nats) under the rollout policy."""
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -94,11 +98,13 @@ def rollout(
     generator: torch.Generator | None,
     constrained: bool = False,
     traj_offset: int = 0,
+    show_actions: bool = True,
 ) -> Rollout:
     """Roll out ``group_size`` episodes of every task seed with the policy, stepping all in lockstep.
 
     Group g is task seed ``task_seeds[g]``; trajectory ids are ``traj_offset + g*group_size + i``.
-    With ``constrained`` the policy samples only admissible actions (see :func:`generate`).
+    With ``constrained`` the policy samples only admissible actions (see :func:`generate`);
+    ``show_actions`` lists them in the prompt (:func:`oma.agent.prompt.step_prompt`).
     """
     live: list[_Live] = []
     episodes: list[Episode] = []
@@ -110,15 +116,16 @@ def rollout(
             episodes.append(ep)
             live.append(_Live(env, ep, obs, info, [], [], []))
     rows: dict[str, list] = {k: [] for k in ("prompt", "response", "group", "traj", "step", "anchor", "reward", "valid",
-                                             "allowed")}
+                                             "allowed", "logp", "entropy")}
     generated = 0
+    encoded: dict = {}  # text -> token ids for this rollout: the n episodes of a task repeat prompts and actions
     active = list(range(len(live)))
     was_training = model.training
     model.eval()
     try:
         while active:
-            prompt_ids = [_encode_prompt(tokenizer, live[i], history_length, max_prompt_tokens) for i in active]
-            choices = [action_choices(tokenizer, live[i].info["admissible_actions"]) for i in active] if constrained else None
+            prompt_ids = [_encode_prompt(tokenizer, live[i], history_length, max_prompt_tokens, encoded, show_actions) for i in active]
+            choices = [_choices(tokenizer, live[i].info["admissible_actions"], encoded) for i in active] if constrained else None
             gen = generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
                            generator=generator, choices=choices)
             still = []
@@ -138,6 +145,8 @@ def rollout(
                 rows["reward"].append(float(reward) - penalty)
                 rows["valid"].append(action is not None)
                 rows["allowed"].append(gen.allowed[slot] if gen.allowed is not None else None)
+                rows["logp"].append(gen.logp[slot])
+                rows["entropy"].append(gen.entropy[slot])
                 generated += len(gen.response_ids[slot])
                 lv.rewards.append(float(reward))
                 lv.episode.steps += 1
@@ -172,16 +181,28 @@ def rollout(
         valid=valid,
         won=won,
         allowed=rows["allowed"] if constrained else None,
+        logp=rows["logp"],
+        entropy=rows["entropy"],
     )
     return Rollout(out, episodes, generated)
 
 
-def _encode_prompt(tokenizer, lv: _Live, history_length: int, max_tokens: int) -> list[int]:
+def _choices(tokenizer, actions: list[str], encoded: dict):
+    key = ("choices", *actions)
+    if key not in encoded:
+        encoded[key] = action_choices(tokenizer, actions)
+    return encoded[key]
+
+
+def _encode_prompt(tokenizer, lv: _Live, history_length: int, max_tokens: int, encoded: dict,
+                   show_actions: bool) -> list[int]:
     """The step prompt's token ids within ``max_tokens``: drop the oldest history pairs first, and
     only if the prompt is still too long cut it from the front (the end holds what the model acts on)."""
     for h in range(min(history_length, len(lv.history)), -1, -1):
-        text = step_prompt(lv.info["task"], lv.history, lv.obs, lv.info["admissible_actions"], h)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        text = step_prompt(lv.info["task"], lv.history, lv.obs, lv.info["admissible_actions"], h, show_actions)
+        if text not in encoded:
+            encoded[text] = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = encoded[text]
         if len(ids) <= max_tokens:
             return ids
     return ids[-max_tokens:]

@@ -16,7 +16,7 @@ from oma.core.advantages import (
 )
 from oma.core.anchors import anchor_ids
 from oma.core.batching import micro_batches, trajectory_minibatches
-from oma.core.objectives import OBJECTIVES, Objective, kl_k3, token_entropy, token_objective
+from oma.core.objectives import OBJECTIVES, Objective, clipped_tokens, kl_k3, token_entropy, token_objective
 from oma.core.weights import MASSES, REDUCERS, Mass, Reducer, implicit_mass, row_coefficients, token_weights, weighted_loss
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Objective",
     "Reducer",
     "anchor_ids",
+    "clipped_tokens",
     "discounted_returns",
     "gigpo_advantages",
     "group_outcome_stats",

@@ -95,20 +95,49 @@ def token_objective(
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c must be > 1 (or None), got {clip_ratio_c}")
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    # Zero the log-ratio at masked tokens *before* exp so -inf padding never reaches a gradient.
-    log_ratio = torch.where(response_mask, logp - logp_old, zero)
-    if objective == "ppo":
-        ratio = torch.exp(log_ratio.clamp(-_PPO_LOG_RATIO_CLAMP, _PPO_LOG_RATIO_CLAMP))
-    else:
-        n_valid = response_mask.sum(-1, keepdim=True).clamp_min(1)
-        seq_log_ratio = log_ratio.sum(-1, keepdim=True) / n_valid
-        logp_safe = torch.where(response_mask, logp, zero)
-        log_ratio_tilde = logp_safe - logp_safe.detach() + seq_log_ratio.detach()
-        ratio = torch.exp(log_ratio_tilde.clamp(max=_GSPO_LOG_RATIO_MAX))
+    ratio = _ratio(logp, logp_old, response_mask, objective)
     loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high))
     if clip_ratio_c is not None:
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * clip_ratio_c), loss)
     return torch.where(response_mask, loss, zero)
+
+
+def _ratio(logp: Tensor, logp_old: Tensor, response_mask: Tensor, objective: str) -> Tensor:
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # Zero the log-ratio at masked tokens *before* exp so -inf padding never reaches a gradient.
+    log_ratio = torch.where(response_mask, logp - logp_old, zero)
+    if objective == "ppo":
+        return torch.exp(log_ratio.clamp(-_PPO_LOG_RATIO_CLAMP, _PPO_LOG_RATIO_CLAMP))
+    n_valid = response_mask.sum(-1, keepdim=True).clamp_min(1)
+    seq_log_ratio = log_ratio.sum(-1, keepdim=True) / n_valid
+    logp_safe = torch.where(response_mask, logp, zero)
+    log_ratio_tilde = logp_safe - logp_safe.detach() + seq_log_ratio.detach()
+    return torch.exp(log_ratio_tilde.clamp(max=_GSPO_LOG_RATIO_MAX))
+
+
+def clipped_tokens(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    objective: Objective = "ppo",
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> Tensor:
+    r"""bool [R, L]: the tokens whose objective term is clipped (zero gradient) in :func:`token_objective`.
+
+    The ratio is the one the objective clips: the token ratio ρ under ``ppo``, the row's sequence
+    ratio s_r under ``gspo`` (so under GSPO a row is clipped whole). A token is clipped when
+    ρ > 1+ε_high with A > 0 or ρ < 1−ε_low with A < 0 (verl's ``pg_clipfrac`` counts the same
+    tokens); its mean over ``response_mask`` is the clip fraction. Masked tokens are False.
+    """
+    check_option("objective", objective, OBJECTIVES)
+    advantages = _check_objective_inputs(logp, logp_old, advantages, response_mask)
+    with torch.no_grad():
+        ratio = _ratio(logp, logp_old, response_mask, objective)
+        clipped = ((ratio > 1.0 + clip_high) & (advantages > 0)) | ((ratio < 1.0 - clip_low) & (advantages < 0))
+    return clipped & response_mask
 
 
 def kl_k3(logp: Tensor, logp_ref: Tensor, response_mask: Tensor) -> Tensor:

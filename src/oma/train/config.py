@@ -34,6 +34,9 @@ class EnvConfig:
     """n: episodes per task instance (same seed), the group-relative baseline's sample."""
     history_length: int = 2
     """(observation, action) pairs of recent history in each step prompt."""
+    show_actions: bool = True
+    """List the admissible actions in each step prompt (a ``Can:`` line). With constrained decoding the
+    policy can write nothing else, so false only shortens prompts (by about a quarter on household)."""
     invalid_penalty: float = 0.1
     """Subtracted from a row's score and step reward when the model's text is not an admissible action."""
     eval_tasks: int = 64
@@ -160,6 +163,9 @@ class TrainConfig:
     """Write each iteration's batch as Parquet under out_dir/batches for `oma audit`."""
     samples_per_iter: int = 2
     """Episodes per iteration written to samples.jsonl."""
+    log_kl_warm_start: bool = True
+    """Log ``kl_warm_start`` (k3 KL of the rollout policy to the warm start) every iteration; it keeps a
+    frozen copy of the warm-start policy and costs one forward pass over the batch's distinct rows."""
     threads: int = 2
     """torch CPU threads."""
     tensorboard: bool = True
@@ -199,6 +205,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if not 0.0 <= cfg.warm_start.noise <= 1.0:
         raise ConfigError(f"warm_start.noise must be in [0, 1], got {cfg.warm_start.noise}")
+    if not cfg.env.show_actions and not cfg.policy.constrained:
+        raise ConfigError("env.show_actions=false needs policy.constrained=true: a free-text policy must be shown "
+                          "the admissible actions to write one")
     if cfg.optim.num_minibatches > cfg.env.tasks_per_iter * cfg.env.group_size:
         raise ConfigError(
             f"optim.num_minibatches={cfg.optim.num_minibatches} exceeds the trajectories per iteration "
@@ -220,23 +229,33 @@ def _valid_keys(node: type, prefix: str = "") -> list[str]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
-    """Defaults ← YAML preset ``path`` ← dotted ``overrides``; validated."""
+    """Defaults (the default job) ← YAML preset ``path`` ← dotted ``overrides``; validated.
+
+    ``env.options`` belongs to one environment, so it is not merged key by key across layers: a
+    preset that sets it replaces it whole, and a layer that names another ``env.name`` starts from
+    no options (``oma train env.name=shop`` is shop with its own defaults). Dotted overrides of
+    single options (``env.options.max_steps=20``) add to the options in force.
+    """
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-    schema = OmegaConf.structured(TrainConfig)
-    layers = [schema]
+    layers = []  # (layer, whether setting env.options replaces it whole)
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        layers.append(OmegaConf.load(p))
+        layers.append((OmegaConf.load(p), True))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.mass=native)")
     try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers)
+        layers.append((OmegaConf.from_dotlist(list(overrides)), False))
+        merged = OmegaConf.structured(TrainConfig)
+        for layer, replaces in layers:
+            name = OmegaConf.select(layer, "env.name")
+            if (replaces and OmegaConf.select(layer, "env.options") is not None) or (name is not None and name != merged.env.name):
+                merged.env.options = {}
+            merged = OmegaConf.merge(merged, layer)
         cfg = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
         key = getattr(e, "full_key", None) or str(e).splitlines()[0]

@@ -26,12 +26,13 @@ from rich.table import Table
 from torch import Tensor
 
 import oma.envs
-from oma.agent.policy import response_logprobs
+from oma.agent.policy import response_logprobs, unique_index
 from oma.agent.rollout import Rollout, Rows, rollout
 from oma.core import (
+    clipped_tokens,
     gigpo_advantages,
+    group_outcome_stats,
     kl_k3,
-    micro_batches,
     outcome_advantages,
     token_objective,
     token_weights,
@@ -79,18 +80,57 @@ class Batch:
     logp_ref: Tensor | None  # float [R, L]
 
 
+def per_token(values: list[list[float]], width: int) -> Tensor:
+    """float [R, width] from each row's per-response-token values (0 past a row's response)."""
+    out = torch.zeros(len(values), width)
+    for r, v in enumerate(values):
+        out[r, : len(v)] = torch.tensor(v)
+    return out
+
+
 def response_mask_of(rows: Rows) -> Tensor:
     lengths = torch.tensor([len(r) for r in rows.response_ids])
     return torch.arange(int(lengths.max())).unsqueeze(0) < lengths.unsqueeze(-1)
 
 
+def forward_plan(rows: Rows, rows_idx: Tensor, micro_rows: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """How to run the forward passes of rows ``rows_idx``: once per distinct row, by length.
+
+    Rows with the same prompt, response and allowed tokens (the n episodes of a task share their
+    first steps; a looping policy repeats itself) have the same log-probs, so each distinct row is
+    computed once; distinct rows are sorted by length before chunking, so a micro-batch pads to
+    similar lengths. Returns, per micro-batch of at most ``micro_rows`` distinct rows:
+    ``(rows to compute, positions in rows_idx they serve, which computed row each position reads)``.
+    Every position of ``rows_idx`` is served exactly once, so Σ over the plan of
+    ``weighted_loss(ℓ, W[positions])`` is the mini-batch loss (docs/training.md#exact-micro-batching).
+    """
+    idx = rows_idx.tolist()
+    allowed = rows.allowed
+    keys = [(tuple(rows.prompt_ids[i]), tuple(rows.response_ids[i]),
+             allowed[i].numpy().tobytes() if allowed is not None else None) for i in idx]
+    firsts, inverse = unique_index(keys)
+    if not firsts:
+        return []
+    lengths = torch.tensor([len(keys[f][0]) + len(keys[f][1]) for f in firsts])
+    by_length = torch.argsort(lengths, descending=True, stable=True)
+    plan = []
+    for chunk in by_length.split(micro_rows):
+        local = torch.full((len(firsts),), -1, dtype=torch.long)
+        local[chunk] = torch.arange(len(chunk))
+        served = (local[inverse] >= 0).nonzero().squeeze(-1)
+        plan.append((rows_idx[torch.tensor([firsts[u] for u in chunk.tolist()], dtype=torch.long)], served,
+                     local[inverse[served]]))
+    return plan
+
+
 @torch.no_grad()
 def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int) -> Tensor:
+    """Log-probs [R, width] of every row's response tokens under ``model``, each distinct row once."""
     out = torch.zeros(len(rows), width)
-    for idx in micro_batches(len(rows), micro_rows):
-        logp, _, _ = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id,
-                                       allowed=_allowed(rows, idx))
-        out[idx, : logp.shape[1]] = logp
+    for compute, served, local in forward_plan(rows, torch.arange(len(rows)), micro_rows):
+        logp, _, _ = response_logprobs(model, [rows.prompt_ids[i] for i in compute],
+                                       [rows.response_ids[i] for i in compute], pad_id, allowed=_allowed(rows, compute))
+        out[served, : logp.shape[1]] = logp[local]
     return out
 
 
@@ -116,49 +156,59 @@ def advantages(cfg: TrainConfig, rows: Rows) -> Tensor:
 def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_id: int, *, backward: bool) -> dict[str, float]:
     """Σ over micro-batches of weighted_loss(ℓ, W[micro]) with W = token_weights(mini-batch).
 
+    Micro-batches follow :func:`forward_plan` (each distinct row computed once, rows by length).
     With ``backward`` each micro-batch's loss is back-propagated as it is made (gradients
-    accumulate to exactly the mini-batch gradient). Returns the loss and diagnostics.
+    accumulate to exactly the mini-batch gradient). Returns the loss and diagnostics, token means
+    over the rows that carry a gradient: ``clipfrac`` (tokens whose objective term is clipped, on
+    the ratio the objective clips: :func:`oma.core.clipped_tokens`), ``approx_kl_k1`` =
+    mean(logp_old − logp) and ``approx_kl_k3`` (Schulman's k1 and k3 estimators of
+    KL(π_old ‖ π)); ``kl_ref``: the k3 penalty term per unit of loss weight (``algo.kl_coef`` > 0).
     """
     a = cfg.algo
     rows = batch.rows
     mask = batch.response_mask[rows_idx]
     weights = token_weights(mask, rows.group_index[rows_idx], rows.traj_index[rows_idx], reducer=a.reducer, mass=a.mass)
-    totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipfrac": 0.0, "approx_kl": 0.0}
-    for chunk in micro_batches(len(rows_idx), cfg.optim.micro_batch_rows):
-        idx = rows_idx[chunk]
-        logp, m, entropy = response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx],
-                                             pad_id, with_entropy=True, allowed=_allowed(rows, idx))
-        width = m.shape[1]
-        w = weights[chunk, :width]
+    totals = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clipfrac": 0.0, "approx_kl_k1": 0.0, "approx_kl_k3": 0.0}
+    # A row with A = 0 has ℓ = 0 and no gradient whatever its log-probs, unless a KL or entropy term
+    # is on: its forward pass is skipped (its tokens still count in the weights' normalisers above).
+    live = torch.ones(len(rows_idx), dtype=torch.bool)
+    if not (a.kl_coef > 0 and batch.logp_ref is not None) and not a.entropy_coef:
+        live = batch.adv[rows_idx] != 0
+    n_tokens = max(1, int(mask[live].sum()))
+    for compute, served, local in forward_plan(rows, rows_idx[live], cfg.optim.micro_batch_rows):
+        served = live.nonzero().squeeze(-1)[served]
+        logp_u, _, entropy_u = response_logprobs(model, [rows.prompt_ids[i] for i in compute],
+                                                 [rows.response_ids[i] for i in compute], pad_id,
+                                                 with_entropy=bool(a.entropy_coef), allowed=_allowed(rows, compute))
+        width = logp_u.shape[1]
+        idx = rows_idx[served]
+        logp, m = logp_u[local], mask[served, :width]
+        w = weights[served, :width]
         logp_old = batch.logp_old[idx, :width]
         adv = batch.adv[idx]
         pg = token_objective(logp, logp_old, adv, m, objective=a.objective, clip_low=a.clip_low, clip_high=a.clip_high)
         ell = pg
-        if batch.logp_ref is not None:
+        if batch.logp_ref is not None and a.kl_coef > 0:
             kl = kl_k3(logp, batch.logp_ref[idx, :width], m)
             ell = ell + a.kl_coef * kl
-            totals["kl"] += float(weighted_loss(kl.detach(), w))
+            totals["kl_ref"] += float(weighted_loss(kl.detach(), w))
         if a.entropy_coef:
-            ell = ell - a.entropy_coef * entropy
+            ell = ell - a.entropy_coef * entropy_u[local]
         loss = weighted_loss(ell, w)
         if backward:
             loss.backward()
         with torch.no_grad():
-            ratio = torch.exp(logp - logp_old)
-            a_tok = adv.unsqueeze(-1).expand_as(ratio)
-            clipped = ((ratio > 1 + a.clip_high) & (a_tok > 0)) | ((ratio < 1 - a.clip_low) & (a_tok < 0))
+            logp = logp.detach()
             totals["loss"] += float(loss)
             totals["pg_loss"] += float(weighted_loss(pg.detach(), w))
-            totals["entropy"] += float(weighted_loss(entropy.detach(), w))
-            totals["clipfrac"] += float((clipped & m).sum())
-            totals["approx_kl"] += float(((logp_old - logp) * m).sum())
-    n_tokens = max(1, int(mask.sum()))
-    totals["clipfrac"] /= n_tokens
-    totals["approx_kl"] /= n_tokens
-    # entropy/kl were summed with the loss weights: report them per unit of weight
-    total_w = float(weights.sum())
-    for k in ("entropy", "kl"):
-        totals[k] = totals[k] / total_w if total_w > 0 else 0.0
+            totals["clipfrac"] += float(clipped_tokens(logp, logp_old, adv, m, objective=a.objective, clip_low=a.clip_low,
+                                                       clip_high=a.clip_high).sum())
+            totals["approx_kl_k1"] += float(((logp_old - logp) * m).sum())
+            totals["approx_kl_k3"] += float(kl_k3(logp_old, logp, m).sum())
+    for k in ("clipfrac", "approx_kl_k1", "approx_kl_k3"):
+        totals[k] /= n_tokens
+    total_w = float(weights.sum())  # the penalty was summed with the loss weights: report it per unit of weight
+    totals["kl_ref"] = totals["kl_ref"] / total_w if total_w > 0 else 0.0
     return totals
 
 
@@ -203,12 +253,34 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
         ro = rollout(make_env, model, tokenizer, seeds, group_size=1, history_length=cfg.env.history_length,
                      max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
                      temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
-                     constrained=cfg.policy.constrained)
+                     constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
         steps = sum(e.steps for e in ro.episodes)
         out.update({f"{name}_success": ro.success_rate,
                     f"{name}_outcome": sum(e.outcome for e in ro.episodes) / len(ro.episodes),
                     f"{name}_steps": steps / len(ro.episodes),
                     f"{name}_invalid": sum(e.invalid for e in ro.episodes) / max(1, steps)})
+    return out
+
+
+def learning_signal(rows: Rows, mask: Tensor, adv: Tensor, logp_old: Tensor, entropy: Tensor,
+                    logp_ref: Tensor | None) -> dict[str, float]:
+    """What RL has to work with in this batch (docs/training.md#metrics).
+
+    * ``zero_spread_groups``: share of groups whose trajectories all have the same outcome (or
+      that have one trajectory): their advantage is 0 by convention, they teach nothing.
+    * ``adv_abs_mean``: mean |A| over rows.
+    * ``entropy``: per-token entropy (nats) of the rollout policy's (constrained) distribution,
+      mean over response tokens.
+    * ``kl_warm_start``: k3 estimate of KL(π_rollout ‖ π_warm-start), mean over response tokens
+      (samples from the rollout policy); absent when no warm-start copy is kept.
+    """
+    n_tokens = max(1, int(mask.sum()))
+    stats = group_outcome_stats(rows.scores, rows.group_index, rows.traj_index, accounting="trajectory")
+    out = {"zero_spread_groups": float(stats.degenerate.float().mean()) if len(rows) else 0.0,
+           "adv_abs_mean": float(adv.abs().mean()) if len(rows) else 0.0,
+           "entropy": float((entropy * mask).sum()) / n_tokens}
+    if logp_ref is not None:
+        out["kl_warm_start"] = float(kl_k3(logp_old, logp_ref, mask).sum()) / n_tokens
     return out
 
 
@@ -310,7 +382,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
 
             model = get_peft_model(model, LoraConfig(r=cfg.policy.lora_r, lora_alpha=cfg.policy.lora_alpha,
                                                      target_modules="all-linear", lora_dropout=0.0))
-        ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 else None
+        # A frozen copy of the warm start: the KL penalty's reference, and the `kl_warm_start` diagnostic.
+        ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 or cfg.log_kl_warm_start else None
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                       weight_decay=cfg.optim.weight_decay)
         pad_id = tokenizer.pad_token_id
@@ -335,19 +408,24 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                          history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
                          max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
                          invalid_penalty=cfg.env.invalid_penalty, generator=_generator(cfg.seed, it, "rollout"),
-                         constrained=cfg.policy.constrained)
+                         constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
             rows = ro.rows
             t_rollout = time.perf_counter() - t0
 
-            # ---- 2. advantages (oma.core; Outcome Alignment via algo.accounting) ----------------
+            # ---- 2. advantages (oma.core; Outcome Alignment via algo.accounting), old log-probs ---
             t0 = time.perf_counter()
             adv = advantages(cfg, rows)
+            t_adv = time.perf_counter() - t0
+            t0 = time.perf_counter()
             mask = response_mask_of(rows)
             width = mask.shape[1]
-            logp_old = batch_logprobs(model, rows, pad_id, cfg.optim.micro_batch_rows, width)
-            logp_ref = batch_logprobs(ref_model, rows, pad_id, cfg.optim.micro_batch_rows, width) if ref_model else None
+            # logp_old: recorded while sampling (same model, same constrained distribution at temperature 1)
+            logp_old, entropy = per_token(rows.logp, width), per_token(rows.entropy, width)
+            evaluating = it % cfg.eval_every == 0 or it == cfg.iterations
+            need_ref = cfg.algo.kl_coef > 0 or (cfg.log_kl_warm_start and evaluating)
+            logp_ref = batch_logprobs(ref_model, rows, pad_id, cfg.optim.micro_batch_rows, width) if need_ref else None
+            t_logp_ref = time.perf_counter() - t0
             batch = Batch(rows, mask, adv, logp_old, logp_ref)
-            t_adv = time.perf_counter() - t0
 
             # ---- 3. update (Mass Alignment via algo.mass; exact micro-batch accumulation) --------
             t0 = time.perf_counter()
@@ -356,10 +434,12 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
 
             # ---- 4. evaluate, log, dump, checkpoint ---------------------------------------------
             record = {"iteration": it, **rollout_metrics(ro), **upd,
-                      "adv_abs_mean": float(adv.abs().mean()),
-                      "time_rollout": t_rollout, "time_advantages": t_adv, "time_update": t_update,
-                      "tokens_per_s": ro.generated_tokens / max(t_rollout, 1e-9)}
-            if it % cfg.eval_every == 0 or it == cfg.iterations:
+                      **learning_signal(rows, mask, adv, logp_old, entropy, logp_ref),
+                      "time_rollout": t_rollout, "time_advantages": t_adv, "time_logp_ref": t_logp_ref,
+                      "time_update": t_update,
+                      "tokens_per_s": ro.generated_tokens / max(t_rollout, 1e-9),
+                      "rows_per_s": len(rows) / max(t_rollout + t_adv + t_logp_ref + t_update, 1e-9)}
+            if evaluating:
                 record.update(evaluate(cfg, make_env, model, tokenizer, it))
             log.write(record)
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
@@ -369,7 +449,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                 save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)})
             progress.update(rl, advance=1, description=(
                 f"RL it {it}: success {record['success']:.2f} rows/traj {record['rows_per_traj']:.1f} "
-                f"iter {t_rollout + t_adv + t_update:.1f}s"
+                f"entropy {record['entropy']:.2f} flat groups {record['zero_spread_groups']:.2f} "
+                f"{record['rows_per_s']:.0f} rows/s"
                 + (f" eval {record['eval_success']:.2f} (sampled {record['eval_sampled_success']:.2f})"
                    if "eval_success" in record else "")))
 

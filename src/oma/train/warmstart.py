@@ -37,7 +37,8 @@ class Demo:
     admissible: list[str]
 
 
-def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, history_length: int) -> list[Demo]:
+def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, history_length: int,
+                   show_actions: bool = True) -> list[Demo]:
     """(prompt, expert action) at every step of ``episodes`` noisy-expert episodes (ε = ``noise``).
 
     Noise is injected into what the demonstrator *does* (with probability ε a uniformly random
@@ -57,7 +58,7 @@ def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, 
         while not done:
             admissible = info["admissible_actions"]
             expert = env.expert_action()
-            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length), expert, admissible))
+            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length, show_actions), expert, admissible))
             action = rng.choice(admissible) if rng.random() < noise else expert
             history.append((obs, action))
             obs, _, terminated, truncated, info = env.step(action)
@@ -74,7 +75,7 @@ def cache_key(cfg: TrainConfig) -> str:
     reward_only = env_class(cfg.env.name).reward_only_options
     relevant = {
         "oma": oma.__version__,
-        "env": {"name": cfg.env.name, "history_length": cfg.env.history_length,
+        "env": {"name": cfg.env.name, "history_length": cfg.env.history_length, "show_actions": cfg.env.show_actions,
                 "options": {k: v for k, v in cfg.env.options.items() if k not in reward_only}},
         "policy": {k: v for k, v in asdict(cfg.policy).items() if k not in ("temperature", "lora_r", "lora_alpha")},
         "warm_start": {k: v for k, v in asdict(cfg.warm_start).items() if k != "cache_dir"},
@@ -139,7 +140,7 @@ def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Pro
     if not tiny:  # fail on a bad path before spending time on demonstrations
         model, tokenizer = load_model(cfg.policy.model), _user_tokenizer(cfg.policy.model)
     need_demos = ws.enabled or tiny  # the tiny policy's tokenizer is trained on demonstration text
-    demos = demonstrations(make_env, max(ws.episodes, 1), ws.noise, cfg.env.history_length) if need_demos else []
+    demos = demonstrations(make_env, max(ws.episodes, 1), ws.noise, cfg.env.history_length, cfg.env.show_actions) if need_demos else []
     if tiny:
         tokenizer = train_tokenizer((t for d in demos for t in (d.prompt, d.action)), cfg.policy.vocab_size)
         p = cfg.policy
