@@ -18,6 +18,7 @@ install: $(BIN)/oma-installed
 test: install
 	$(BIN)/python -m pytest -q
 
-# The default job: household, GRPO with OA + MA, tiny model, warm start included (cached after the first run).
+# The default job (`oma train` with no arguments = configs/household-gigpo-oma.yaml): household, GiGPO with
+# OA + MA, tiny model, warm start included (cached after the first run).
 train: install
-	$(BIN)/oma train configs/household-grpo-oma.yaml
+	$(BIN)/oma train

@@ -305,6 +305,35 @@ def test_presets_load_and_name_their_command():
         pytest.skip("presets not checked, extra missing: " + "; ".join(missing))
 
 
+def test_the_default_job_is_oma_train_with_no_arguments():
+    from pathlib import Path
+
+    preset = Path(__file__).resolve().parents[1] / "configs" / "household-gigpo-oma.yaml"
+    assert load_config(preset) == load_config(None)
+    assert "train: install\n\t$(BIN)/oma train\n" in (preset.parents[1] / "Makefile").read_text()
+
+
+def test_env_options_belong_to_one_environment():
+    default = load_config(None).env.options
+    assert default["hint"] is True and default["size"] == "small"
+    assert load_config(None, ["env.options.max_steps=20"]).env.options == {**default, "max_steps": 20}  # adds a key
+    assert load_config(None, ["env.name=shop"]).env.options == {}  # another env starts from its own defaults
+    assert load_config(None, ["env.name=shop", "env.options.reward=success"]).env.options == {"reward": "success"}
+    configs = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+    assert load_config(configs / "shop-grpo-oma.yaml").env.options == {"reward": "score"}  # a preset replaces them
+    assert load_config(configs / "shop-grpo-oma.yaml", ["env.options.max_steps=9"]).env.options == {"reward": "score", "max_steps": 9}
+
+
+def test_show_actions_follows_constrained_decoding_unless_set():
+    assert load_config(None).env.show_actions is False  # constrained: the actions need not be listed
+    assert load_config(None, ["policy.constrained=false"]).env.show_actions is True
+    assert load_config(None, ["env.show_actions=true"]).env.show_actions is True
+    with pytest.raises(ConfigError, match="env.show_actions=false needs policy.constrained=true"):
+        load_config(None, ["policy.constrained=false", "env.show_actions=false"])
+    assert "Can:" not in step_prompt("t", [], "o", ["a", "b"], 0, show_actions=False)
+    assert "Can: a | b" in step_prompt("t", [], "o", ["a", "b"], 0)
+
+
 def test_warm_start_cache_key_follows_the_prompt_format(monkeypatch: pytest.MonkeyPatch) -> None:
     """A cached warm start was trained on one prompt format; another format must not reuse it."""
     import oma.train.warmstart as warmstart
@@ -334,7 +363,7 @@ def test_reward_only_options_leave_demonstrations_and_the_warm_start_key_alone(n
         assert all(d == demos[0] for d in demos) and len(demos[0]) > 6
         keys = {cache_key(load_config(None, [f"env.name={name}", f"env.options.{option}={v}"])) for v in values}
         assert len(keys) == 1
-    other = {"household": "size=small", "shop": "distractors=few"}[name]
+    other = {"household": "size=large", "shop": "distractors=few"}[name]  # a value the defaults do not have
     assert cache_key(load_config(None, [f"env.name={name}"])) != cache_key(load_config(None, [f"env.name={name}", f"env.options.{other}"]))
 
 

@@ -385,7 +385,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         # A frozen copy of the warm start: the KL penalty's reference, and the `kl_warm_start` diagnostic.
         ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 or cfg.log_kl_warm_start else None
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                                      weight_decay=cfg.optim.weight_decay)
+                                      weight_decay=cfg.optim.weight_decay, eps=cfg.optim.adam_eps)
         pad_id = tokenizer.pad_token_id
         start = 0
         if resume:
