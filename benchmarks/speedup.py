@@ -82,7 +82,7 @@ def update_flops(config: str | None, overrides: list[str], cache: str) -> dict[s
                  history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
                  max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
                  invalid_penalty=cfg.env.invalid_penalty, generator=torch.Generator().manual_seed(cfg.seed),
-                 constrained=cfg.policy.constrained)
+                 constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
     rows = ro.rows
     mask = response_mask_of(rows)
     batch = Batch(rows, mask, advantages(cfg, rows), per_token(rows.logp, mask.shape[1]), None)
@@ -106,6 +106,9 @@ def main() -> None:
     parser.add_argument("--baseline", default="bfe36fe", help="git revision of the code path to compare with")
     parser.add_argument("--iterations", type=int, default=4, help="RL iterations per run")
     parser.add_argument("--repeats", type=int, default=2, help="alternating runs of each code path")
+    parser.add_argument("--current-extra", default="", metavar="OVERRIDES",
+                        help="overrides for the current code alone, so that it runs the baseline's config where "
+                             "defaults changed (e.g. 'warm_start.episodes=120 env.show_actions=true')")
     parser.add_argument("--new-default", action="store_true",
                         help="also run the current code at its own default job (`oma train` with no config), in the same alternation")
     parser.add_argument("--out", default=None)
@@ -118,8 +121,10 @@ def main() -> None:
         worktree = tmp / "baseline"
         subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        paths = {f"baseline ({args.baseline})": (worktree / "src", args.config, args.overrides),
-                 "current": (ROOT / "src", args.config, args.overrides)}
+        # Both code paths read the baseline's copy of the config file: the same YAML for both.
+        config = str(worktree / args.config) if args.config else None
+        paths = {f"baseline ({args.baseline})": (worktree / "src", config, args.overrides),
+                 "current": (ROOT / "src", config, [*args.overrides, *args.current_extra.split()])}
         if args.new_default:
             paths["current, new default job"] = (ROOT / "src", None, [])
         try:
@@ -129,7 +134,7 @@ def main() -> None:
             for k in range(args.repeats):
                 for i, (name, (src, config, extra)) in enumerate(paths.items()):
                     per_iter[name] += iteration_stats(run_train(src, config, [*extra, *timing], tmp / f"run-{k}-{i}", cache))
-            flops_config = (None, []) if args.new_default else (args.config, args.overrides)
+            flops_config = (None, []) if args.new_default else paths["current"][1:]
             flops = update_flops(*flops_config, cache)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, check=False)
@@ -142,6 +147,7 @@ def main() -> None:
         "",
         f"Command: `.venv/bin/python benchmarks/speedup.py {args.config or ''} {' '.join(args.overrides)} "
         f"--baseline {args.baseline} --iterations {args.iterations} --repeats {args.repeats}"
+        + (f" --current-extra '{args.current_extra}'" if args.current_extra else "")
         + (" --new-default" if args.new_default else "")
         + (f" --out {args.out}`" if args.out else "`"),
         "",
@@ -149,6 +155,7 @@ def main() -> None:
         f"torch {torch.__version__}, {os.cpu_count()} cores (shared, noisy: compare the ratio, measured in one run).",
         "",
         f"Each code path ran `oma train` {args.repeats} times x {args.iterations} RL iterations at the same config "
+        f"(`{args.config}` as of {args.baseline}{', with ' + args.current_extra + ' for the current code, whose defaults changed' if args.current_extra else ''}) "
         "and seed, alternating. Iteration time = rollout + advantages + old/reference log-probs + update "
         "(evaluation and checkpoints excluded); throughput = rows of all iterations / their time.",
         "",

@@ -48,7 +48,7 @@ def main() -> None:
                  history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
                  max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
                  invalid_penalty=cfg.env.invalid_penalty, generator=torch.Generator().manual_seed(0),
-                 constrained=cfg.policy.constrained)
+                 constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
     t_rollout = time.perf_counter() - t0
     rows = ro.rows
     prompt_tokens = sum(len(p) for p in rows.prompt_ids)

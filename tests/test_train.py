@@ -75,7 +75,7 @@ def test_rollout_rows(monkeypatch, tiny_policy):
     seeds = [11, 12, 13]
     ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=6), model, tok, seeds, group_size=2, history_length=2,
                              max_prompt_tokens=400, max_new_tokens=8, temperature=1.0, invalid_penalty=0.1,
-                             generator=None, traj_offset=100)
+                             generator=None, traj_offset=100, show_actions=True)
     rows = ro.rows
     assert len(rows) == sum(e.steps for e in ro.episodes)  # K rows for a K-step episode, none after the end
     for t, ep in enumerate(ro.episodes):
@@ -105,7 +105,7 @@ def _captured_batch(monkeypatch, model, tok, seeds=(5,), group_size=2, max_steps
     monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))
     ro = rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=max_steps), model, tok, list(seeds),
                              group_size=group_size, history_length=1, max_prompt_tokens=400, max_new_tokens=8,
-                             temperature=1.0, invalid_penalty=0.1, generator=None)
+                             temperature=1.0, invalid_penalty=0.1, generator=None, show_actions=True)
     mask = response_mask_of(ro.rows)
     adv = outcome_advantages(ro.rows.scores, ro.rows.group_index, ro.rows.traj_index)
     logp_old = batch_logprobs(model, ro.rows, tok.pad_token_id, 4, mask.shape[1]) - logp_shift

@@ -97,8 +97,8 @@ def rollout(
     invalid_penalty: float,
     generator: torch.Generator | None,
     constrained: bool = False,
+    show_actions: bool,
     traj_offset: int = 0,
-    show_actions: bool = True,
 ) -> Rollout:
     """Roll out ``group_size`` episodes of every task seed with the policy, stepping all in lockstep.
 
