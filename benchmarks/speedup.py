@@ -2,7 +2,9 @@
 
 Run by hand (results committed as benchmarks/speedup.md):
 
-    .venv/bin/python benchmarks/speedup.py configs/household-grpo-oma.yaml --baseline bfe36fe --out benchmarks/speedup.md
+    .venv/bin/python benchmarks/speedup.py configs/household-grpo-oma.yaml --baseline bfe36fe \
+        --current-extra 'warm_start.episodes=120 warm_start.epochs=12 env.show_actions=true' --new-default \
+        --out benchmarks/speedup.md
 
 Both code paths run `oma train` at the same config and seed, alternating (baseline, current,
 baseline, current, ...), each in its own process: the baseline from a `git worktree` of
@@ -114,7 +116,6 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     timing = [f"iterations={args.iterations}", f"eval_every={args.iterations}", "env.eval_tasks=4"]
-    overrides = [*args.overrides, *timing]
     with tempfile.TemporaryDirectory(prefix="oma-speedup-") as tmp:
         tmp = Path(tmp)
         cache = str(tmp / "cache")

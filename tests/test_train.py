@@ -479,3 +479,10 @@ def test_rows_without_advantage_are_skipped_exactly(monkeypatch, tiny_policy):
     assert stats["loss"] == pytest.approx(float(loss.detach()), rel=1e-5, abs=1e-7)
     for g, p in zip(grads, model.parameters()):
         torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_per_token_pads_each_rows_values_by_hand():
+    from oma.train.loop import per_token
+
+    assert per_token([[1.0, 2.0], [3.0], [4.0, 5.0, 6.0]], 4).tolist() == [[1, 2, 0, 0], [3, 0, 0, 0], [4, 5, 6, 0]]
+    assert per_token([], 3).shape == (0, 3)

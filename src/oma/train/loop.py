@@ -82,9 +82,10 @@ class Batch:
 
 def per_token(values: list[list[float]], width: int) -> Tensor:
     """float [R, width] from each row's per-response-token values (0 past a row's response)."""
+    lengths = torch.tensor([len(v) for v in values], dtype=torch.long)
     out = torch.zeros(len(values), width)
-    for r, v in enumerate(values):
-        out[r, : len(v)] = torch.tensor(v)
+    # row-major boolean indexing visits the rows' values in the order they are concatenated
+    out[torch.arange(width) < lengths.unsqueeze(-1)] = torch.tensor([x for v in values for x in v], dtype=out.dtype)
     return out
 
 
