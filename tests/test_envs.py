@@ -68,8 +68,8 @@ def expert_run(env: TextEnv, seed: int) -> tuple[list[str], Info]:
 
 
 def test_names_and_make() -> None:
-    assert names(builtin_only=True) == ["household", "shop"]
-    assert names() == ["household", "shop", "textworld", "scienceworld", "alfworld"]
+    assert names(builtin_only=True) == ["household", "shop", "chain"]
+    assert names() == ["household", "shop", "chain", "textworld", "scienceworld", "alfworld"]
     for name in names(builtin_only=True):
         env = make(name)
         assert isinstance(env, TextEnv)
@@ -90,7 +90,7 @@ def test_public_api_is_exported() -> None:
 
 
 def test_unknown_env_lists_valid_names() -> None:
-    with pytest.raises(ValueError, match="'webshop'.*household, shop, textworld, scienceworld, alfworld"):
+    with pytest.raises(ValueError, match="'webshop'.*household, shop, chain, textworld, scienceworld, alfworld"):
         make("webshop")
 
 
@@ -183,8 +183,18 @@ def test_reset_is_a_fresh_start(name: str) -> None:
 
 @pytest.mark.parametrize("name", names(builtin_only=True))
 def test_seeds_give_different_tasks(name: str) -> None:
+    """A task is what the expert's episode shows (chain shows one sign at a time, the others first)."""
     env = make(name)
-    tasks = {env.reset(seed)[0] for seed in range(30)}
+
+    def shown(seed: int) -> tuple[str, ...]:
+        observations, done = [env.reset(seed)[0]], False
+        while not done:
+            observation, _, terminated, truncated, _ = env.step(env.expert_action())
+            observations.append(observation)
+            done = terminated or truncated
+        return tuple(observations)
+
+    tasks = {shown(seed) for seed in range(30)}
     assert len(tasks) >= 25
 
 

@@ -355,7 +355,7 @@ def test_reward_only_options_leave_demonstrations_and_the_warm_start_key_alone(n
     from oma.train.warmstart import cache_key, demonstrations
 
     env_cls = oma.envs.env_class(name)
-    assert env_cls.reward_only_options == ({"reward"} if name == "shop" else set())
+    assert env_cls.reward_only_options == ({"reward"} if name in ("shop", "chain") else set())
     for option in env_cls.reward_only_options:
         values = typing.get_args(typing.get_type_hints(env_cls.options_class)[option])
         assert len(values) >= 2
@@ -363,7 +363,7 @@ def test_reward_only_options_leave_demonstrations_and_the_warm_start_key_alone(n
         assert all(d == demos[0] for d in demos) and len(demos[0]) > 6
         keys = {cache_key(load_config(None, [f"env.name={name}", f"env.options.{option}={v}"])) for v in values}
         assert len(keys) == 1
-    other = {"household": "size=large", "shop": "distractors=few"}[name]  # a value the defaults do not have
+    other = {"household": "size=large", "shop": "distractors=few", "chain": "length=6"}[name]  # a value the defaults do not have
     assert cache_key(load_config(None, [f"env.name={name}"])) != cache_key(load_config(None, [f"env.name={name}", f"env.options.{other}"]))
 
 

@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("oma.diagnostics.cli", "audit the implicit trajectory weighting of a rollout batch (file or run dir)"),
     "compare": ("oma.experiments.compare", "run the row/trajectory x native/MA accountings over seeds at a matched horizon"),
     "report": ("oma.experiments.report", "write the report of an `oma compare` directory (curves, endpoint, nAUC, 95% CIs)"),
+    "coupling-map": ("oma.experiments.coupling_map", "map OMA's effect against expansion-outcome coupling (tabular lane)"),
 }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from oma.agent.policy import action_choices, generate
+from oma.agent.policy import Generation, action_choices, generate
 from oma.agent.prompt import project_action, step_prompt
 from oma.core import anchor_ids
 
@@ -38,7 +38,8 @@ class Rows:
     valid: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     won: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     allowed: list[Tensor] | None = None
-    """Constrained decoding only: each row's allowed (position, token) pairs (for its log-probs)."""
+    """Constrained policies only, what each row's choice was made among (for its log-probs): the LM's
+    allowed (position, token) pairs; the tabular policy's table slots of the admissible actions."""
     logp: list[list[float]] = field(default_factory=list)
     """Each response token's log-prob under the rollout policy (temperature 1), recorded while sampling."""
     entropy: list[list[float]] = field(default_factory=list)
@@ -73,7 +74,9 @@ class Rollout:
 
 
 @dataclass
-class _Live:
+class LiveEpisode:
+    """An episode in progress: its environment, what the policy sees now, and its rows so far."""
+
     env: object
     episode: Episode
     obs: str
@@ -81,6 +84,12 @@ class _Live:
     history: list[tuple[str, str]]
     rewards: list[float]
     row_ids: list[int]
+
+
+Act = Callable[[list[LiveEpisode]], tuple[list[list[int]], Generation]]
+"""A policy acting on the live episodes of one lockstep step: ``(prompt_ids, generation)``, one
+entry per episode, in order. The LM's is built by :func:`rollout`; the tabular policy's by
+:func:`oma.agent.tabular.tabular_rollout`."""
 
 
 def rollout(
@@ -100,13 +109,37 @@ def rollout(
     show_actions: bool,
     traj_offset: int = 0,
 ) -> Rollout:
-    """Roll out ``group_size`` episodes of every task seed with the policy, stepping all in lockstep.
+    """Roll out ``group_size`` episodes of every task seed with the LM policy, stepping all in lockstep.
 
     Group g is task seed ``task_seeds[g]``; trajectory ids are ``traj_offset + g*group_size + i``.
     With ``constrained`` the policy samples only admissible actions (see :func:`generate`);
     ``show_actions`` lists them in the prompt (:func:`oma.agent.prompt.step_prompt`).
     """
-    live: list[_Live] = []
+    encoded: dict = {}  # text -> token ids for this rollout: the n episodes of a task repeat prompts and actions
+
+    def act(lives: list[LiveEpisode]) -> tuple[list[list[int]], Generation]:
+        prompt_ids = [_encode_prompt(tokenizer, lv, history_length, max_prompt_tokens, encoded, show_actions) for lv in lives]
+        choices = [_choices(tokenizer, lv.info["admissible_actions"], encoded) for lv in lives] if constrained else None
+        return prompt_ids, generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    generator=generator, choices=choices)
+
+    was_training = model.training
+    model.eval()
+    try:
+        return run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
+                            traj_offset=traj_offset, constrained=constrained)
+    finally:
+        model.train(was_training)
+
+
+def run_episodes(make_env: Callable[[], object], act: Act, task_seeds: Sequence[int], *, group_size: int,
+                 invalid_penalty: float, traj_offset: int = 0, constrained: bool = True) -> Rollout:
+    """The episode bookkeeping of a rollout, whatever the policy: ``act`` chooses, this steps and records.
+
+    ``constrained``: the policy chooses only admissible actions, and ``Rows.allowed`` keeps what
+    its generation allowed (for log-probs of the same distribution in training).
+    """
+    live: list[LiveEpisode] = []
     episodes: list[Episode] = []
     for g, seed in enumerate(task_seeds):
         for _ in range(group_size):
@@ -114,54 +147,45 @@ def rollout(
             obs, info = env.reset(int(seed))
             ep = Episode(seed=int(seed), group=g)
             episodes.append(ep)
-            live.append(_Live(env, ep, obs, info, [], [], []))
+            live.append(LiveEpisode(env, ep, obs, info, [], [], []))
     rows: dict[str, list] = {k: [] for k in ("prompt", "response", "group", "traj", "step", "anchor", "reward", "valid",
                                              "allowed", "logp", "entropy")}
     generated = 0
-    encoded: dict = {}  # text -> token ids for this rollout: the n episodes of a task repeat prompts and actions
     active = list(range(len(live)))
-    was_training = model.training
-    model.eval()
-    try:
-        while active:
-            prompt_ids = [_encode_prompt(tokenizer, live[i], history_length, max_prompt_tokens, encoded, show_actions) for i in active]
-            choices = [_choices(tokenizer, live[i].info["admissible_actions"], encoded) for i in active] if constrained else None
-            gen = generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                           generator=generator, choices=choices)
-            still = []
-            for slot, i in enumerate(active):
-                lv = live[i]
-                action = project_action(gen.texts[slot], lv.info["admissible_actions"])
-                anchor = lv.env.anchor()
-                obs, reward, terminated, truncated, info = lv.env.step(action if action is not None else gen.texts[slot])
-                penalty = 0.0 if action is not None else invalid_penalty
-                lv.row_ids.append(len(rows["prompt"]))
-                rows["prompt"].append(prompt_ids[slot])
-                rows["response"].append(gen.response_ids[slot])
-                rows["group"].append(lv.episode.group)
-                rows["traj"].append(traj_offset + i)
-                rows["step"].append(lv.episode.steps)
-                rows["anchor"].append(anchor)
-                rows["reward"].append(float(reward) - penalty)
-                rows["valid"].append(action is not None)
-                rows["allowed"].append(gen.allowed[slot] if gen.allowed is not None else None)
-                rows["logp"].append(gen.logp[slot])
-                rows["entropy"].append(gen.entropy[slot])
-                generated += len(gen.response_ids[slot])
-                lv.rewards.append(float(reward))
-                lv.episode.steps += 1
-                lv.episode.invalid += action is None
-                lv.episode.transcript.append((lv.obs, gen.texts[slot]))
-                lv.history.append((lv.obs, action if action is not None else gen.texts[slot]))
-                lv.obs, lv.info = obs, info
-                if terminated or truncated:
-                    lv.episode.won = bool(info["won"])
-                    lv.episode.outcome = sum(lv.rewards)
-                else:
-                    still.append(i)
-            active = still
-    finally:
-        model.train(was_training)
+    while active:
+        prompt_ids, gen = act([live[i] for i in active])
+        still = []
+        for slot, i in enumerate(active):
+            lv = live[i]
+            action = project_action(gen.texts[slot], lv.info["admissible_actions"])
+            anchor = lv.env.anchor()
+            obs, reward, terminated, truncated, info = lv.env.step(action if action is not None else gen.texts[slot])
+            penalty = 0.0 if action is not None else invalid_penalty
+            lv.row_ids.append(len(rows["prompt"]))
+            rows["prompt"].append(prompt_ids[slot])
+            rows["response"].append(gen.response_ids[slot])
+            rows["group"].append(lv.episode.group)
+            rows["traj"].append(traj_offset + i)
+            rows["step"].append(lv.episode.steps)
+            rows["anchor"].append(anchor)
+            rows["reward"].append(float(reward) - penalty)
+            rows["valid"].append(action is not None)
+            rows["allowed"].append(gen.allowed[slot] if gen.allowed is not None else None)
+            rows["logp"].append(gen.logp[slot])
+            rows["entropy"].append(gen.entropy[slot])
+            generated += len(gen.response_ids[slot])
+            lv.rewards.append(float(reward))
+            lv.episode.steps += 1
+            lv.episode.invalid += action is None
+            lv.episode.transcript.append((lv.obs, gen.texts[slot]))
+            lv.history.append((lv.obs, action if action is not None else gen.texts[slot]))
+            lv.obs, lv.info = obs, info
+            if terminated or truncated:
+                lv.episode.won = bool(info["won"])
+                lv.episode.outcome = sum(lv.rewards)
+            else:
+                still.append(i)
+        active = still
     n = len(rows["prompt"])
     outcome = torch.zeros(n)
     won = torch.zeros(n, dtype=torch.bool)
@@ -194,7 +218,7 @@ def _choices(tokenizer, actions: list[str], encoded: dict):
     return encoded[key]
 
 
-def _encode_prompt(tokenizer, lv: _Live, history_length: int, max_tokens: int, encoded: dict,
+def _encode_prompt(tokenizer, lv: LiveEpisode, history_length: int, max_tokens: int, encoded: dict,
                    show_actions: bool) -> list[int]:
     """The step prompt's token ids within ``max_tokens``: drop the oldest history pairs first, and
     only if the prompt is still too long cut it from the front (the end holds what the model acts on)."""

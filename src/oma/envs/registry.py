@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 
 from .base import EpisodeEnv
+from .chain import ChainEnv
 from .household import HouseholdEnv
 from .shop import ShopEnv
 
-_ENVS: dict[str, type[EpisodeEnv]] = {env.name: env for env in (HouseholdEnv, ShopEnv)}
+_ENVS: dict[str, type[EpisodeEnv]] = {env.name: env for env in (HouseholdEnv, ShopEnv, ChainEnv)}
 
 _ADAPTERS: dict[str, str] = {
     "textworld": "oma.envs.textworld:TextWorldEnv",

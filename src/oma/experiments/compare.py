@@ -325,6 +325,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(default: the config's iterations)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default runs/compare-<config name>); "
                    "rerunning into it resumes")
+    p.add_argument("--metric", default="greedy", choices=["greedy", "sampled"],
+                   help="success curve of the report: greedy (default) or sampled held-out success (the policy RL "
+                   "trains; what the tabular lane reports)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="runs in parallel worker processes (default 1: one "
                    "after another); each gets max(1, cpu_count // N) torch threads")
     return p
@@ -424,6 +427,7 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
                       "audit_accounting": v.audit_name} for v in variants],
         "seeds": seeds,
         "horizon": horizon,
+        "metric": args.metric,
         "jobs": jobs,
         "config": record,
         "machine": machine_info(jobs, threads),

@@ -16,7 +16,8 @@ def color(variant: str) -> str:
     return ACC_COLORS.get(VARIANTS[variant].audit_name, "#333333") if variant in VARIANTS else "#333333"
 
 
-def success_curves(curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]], horizon: int, path: Path) -> None:
+def success_curves(curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, int]], horizon: int, path: Path,
+                   ylabel: str = "held-out greedy success") -> None:
     """Mean held-out success per variant with its 95% CI band over seeds.
 
     ``curves[variant] = (iterations, mean, half_width, n_seeds)``; a NaN half-width draws no band.
@@ -31,7 +32,7 @@ def success_curves(curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, i
     ax.set_xlim(0, horizon)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("iteration")
-    ax.set_ylabel("held-out greedy success")
+    ax.set_ylabel(ylabel)
     ax.set_title(f"Success curves, mean and 95% CI over seeds (horizon {horizon})")
     ax.legend(fontsize=8)
     _save(fig, path)

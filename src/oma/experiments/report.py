@@ -5,7 +5,9 @@ Reads ``DIR/compare.json`` and every run's ``metrics.jsonl`` and ``batches/``; w
 
 Per run (seed k of variant v), at the matched horizon H:
 
-* the success curve: ``eval_success`` at the evaluation iterations ≤ H (iteration 0 = warm start);
+* the success curve: held-out success at the evaluation iterations ≤ H (iteration 0 = warm start),
+  greedy (``eval_success``, the default) or sampled (``eval_sampled_success``: the stochastic
+  policy RL trains; ``--metric sampled``, what the tabular lane reports);
 * endpoint = mean of the last 3 evaluations ≤ H; nAUC = trapezoid area on [0, H] / H
   (:mod:`oma.experiments.stats`);
 * env steps = Σ of the training rows (one row per agent step) over iterations 1..H;
@@ -133,14 +135,19 @@ def run_coupling(run_dir: Path, horizon: int, config: dict, audit_name: str) -> 
     return {k: float(np.mean(v)) if v else math.nan for k, v in values.items()}, n
 
 
-def load_run(run_dir: Path, variant: str, seed: int, horizon: int) -> RunResult | str:
-    """The run's figures at ``horizon``, or a one-line reason why it cannot be used."""
+METRICS: dict[str, str] = {"greedy": "eval_success", "sampled": "eval_sampled_success"}
+"""``--metric`` values and the ``metrics.jsonl`` key of the success curve each reports."""
+
+
+def load_run(run_dir: Path, variant: str, seed: int, horizon: int, metric: str = "greedy") -> RunResult | str:
+    """The run's figures at ``horizon`` on success ``metric``, or a one-line reason why it cannot be used."""
     from oma.train.loop import read_metrics
 
     if not (run_dir / "summary.json").is_file():
         return "not finished (no summary.json)"
     records = read_metrics(run_dir)
-    evals = [(int(r["iteration"]), float(r["eval_success"])) for r in records if "eval_success" in r]
+    key = METRICS[metric]
+    evals = [(int(r["iteration"]), float(r[key])) for r in records if key in r]
     last = max((int(r["iteration"]) for r in records), default=0)
     if last < horizon:
         return f"trained for {last} iterations only, fewer than the horizon {horizon}"
@@ -175,8 +182,10 @@ def _variant_curve(results: list[RunResult], horizon: int) -> tuple[np.ndarray, 
     return grid, np.array([e.mean for e in est]), np.array([e.half_width for e in est]), len(results)
 
 
-def analyse(out: Path, horizon: int | None = None) -> dict[str, Any]:
-    """Every figure of the report as a dict (``results.json``), plus the RunResults under ``_runs``."""
+def analyse(out: Path, horizon: int | None = None, metric: str | None = None) -> dict[str, Any]:
+    """Every figure of the report as a dict (``results.json``), plus the RunResults under ``_runs``.
+
+    ``metric`` (``greedy`` | ``sampled``; None = the one ``oma compare --metric`` recorded) picks the success curve."""
     path = out / "compare.json"
     if not path.is_file():
         raise ReportError(f"{out} has no compare.json; is it an `oma compare` output directory?")
@@ -184,13 +193,16 @@ def analyse(out: Path, horizon: int | None = None) -> dict[str, Any]:
     h = int(horizon if horizon is not None else doc["horizon"])
     if h < 1:
         raise ReportError(f"--horizon must be >= 1, got {h}")
+    metric = metric or doc.get("metric", "greedy")
+    if metric not in METRICS:
+        raise ReportError(f"--metric {metric!r} is not valid; expected one of {list(METRICS)}")
     variants = [v["name"] for v in doc["variants"]]
     seeds = [int(s) for s in doc["seeds"]]
     runs: dict[str, dict[int, RunResult]] = {v: {} for v in variants}
     missing: list[str] = []
     for v in variants:
         for k in seeds:
-            got = load_run(out / v / f"seed-{k}", v, k, h)
+            got = load_run(out / v / f"seed-{k}", v, k, h, metric)
             if isinstance(got, str):
                 missing.append(f"{v}/seed-{k}: {got}")
             else:
@@ -218,7 +230,7 @@ def analyse(out: Path, horizon: int | None = None) -> dict[str, Any]:
                                                  [runs[BASELINE][k].nauc for k in paired])
         per_variant[v] = entry
     ep_its = sorted({tuple(r.endpoint_iterations) for rv in runs.values() for r in rv.values()})
-    return {"compare": doc, "horizon": h, "variants": variants, "seeds": seeds, "per_variant": per_variant,
+    return {"compare": doc, "horizon": h, "metric": metric, "variants": variants, "seeds": seeds, "per_variant": per_variant,
             "missing": missing, "endpoint_iterations": [list(t) for t in ep_its], "_runs": runs}
 
 
@@ -313,6 +325,8 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
             f"* variants: {', '.join(a['variants'])}; baseline {BASELINE} (verl-agent's stepwise accounting)",
             (f"* seeds: {', '.join(map(str, a['seeds']))} "
             "(within a seed every variant shares the warm start and the task seeds)"),
+            (f"* success: held-out {a['metric']} success (`{METRICS[a['metric']]}`), "
+             + ("greedy decoding" if a["metric"] == "greedy" else "sampled at policy.temperature: the policy RL trains")),
             f"* matched horizon H = {h} iterations"
             + (f" (the runs were launched with --horizon {doc['horizon']})" if h != doc["horizon"] else ""),
             (f"* optimizer: estimator {algo.get('estimator')}, objective {algo.get('objective')}, reducer "
@@ -443,11 +457,12 @@ def results_dict(a: dict[str, Any]) -> dict[str, Any]:
              "coupling": {k: num(x) for k, x in r.coupling.items()}}
             for rv in a["_runs"].values() for r in rv.values()]
     holm_kept = {f"{v}/{key}": k for v, key, _, d, k in comparisons(a) if math.isfinite(d.p)}
-    return {"horizon": a["horizon"], "baseline": BASELINE, "variants": pv, "runs": runs, "missing": a["missing"],
+    return {"horizon": a["horizon"], "metric": a["metric"], "baseline": BASELINE, "variants": pv, "runs": runs, "missing": a["missing"],
             "significance": significance_statements(a), "holm_significant": holm_kept}
 
 
-def write_report(out: Path, out_file: Path | None = None, horizon: int | None = None, console=None) -> Path:
+def write_report(out: Path, out_file: Path | None = None, horizon: int | None = None, console=None,
+                 metric: str | None = None) -> Path:
     """Analyse ``out`` and write the Markdown report, its PNGs (beside it) and results.json; return its path."""
     from oma.experiments import plots
     from oma.train.checkpoint import atomic_write_text
@@ -461,10 +476,11 @@ def write_report(out: Path, out_file: Path | None = None, horizon: int | None = 
         raise ReportError(f"--out {target}: directory {target.parent} does not exist")
     if target.is_dir():
         raise ReportError(f"--out {target}: is a directory; give a file name such as report.md")
-    a = analyse(out, horizon)
+    a = analyse(out, horizon, metric)
     pv = a["per_variant"]
     h = a["horizon"]
-    plots.success_curves({v: e["curve"] for v, e in pv.items() if "curve" in e}, h, folder / IMAGES["success_curves"])
+    plots.success_curves({v: e["curve"] for v, e in pv.items() if "curve" in e}, h, folder / IMAGES["success_curves"],
+                         f"held-out {a['metric']} success")
     with_runs = [v for v in a["variants"] if pv[v]["n_seeds"]]
     per_seed = {v: [r.endpoint for r in a["_runs"][v].values()] for v in with_runs}
     plots.metric_bars({v: pv[v]["endpoint"] for v in with_runs}, per_seed,
@@ -494,13 +510,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--horizon", type=int, default=None, metavar="H",
                    help="matched horizon H (default: the one of compare.json); "
                    "every run must have reached it")
+    p.add_argument("--metric", default=None, choices=list(METRICS),
+                   help="success curve: greedy or sampled held-out success (default: the one of compare.json)")
     try:
         args = p.parse_args(argv)
         if args.horizon is not None and args.horizon < 1:
             raise ReportError(f"--horizon must be >= 1, got {args.horizon}")
         from rich.console import Console
 
-        path = write_report(Path(args.dir), Path(args.out) if args.out else None, args.horizon, Console())
+        path = write_report(Path(args.dir), Path(args.out) if args.out else None, args.horizon, Console(), args.metric)
     except SystemExit as done:  # --help
         return int(done.code or 0) if isinstance(done.code, int) else 0
     except (ReportError, OSError, ValueError) as e:

@@ -66,7 +66,10 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
         opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "optimizer": opt_meta, **extra}))
+        state = {"iteration": iteration, "optimizer": opt_meta, **extra}
+        if hasattr(model, "index_state"):  # the tabular policy's index: JSON beside the tensors
+            state["model_index"] = model.index_state()
+        (tmp / "state.json").write_text(json.dumps(state))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -90,6 +93,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore model, optimizer and torch RNG from ``path``; return the JSON state."""
     state = json.loads((path / "state.json").read_text())
+    if hasattr(model, "index_state"):
+        model.load_index_state(state["model_index"])
     load_model(model, str(path / "model.safetensors"))
     optimizer.load_state_dict(_unflatten_optimizer(load_file(str(path / "optimizer.safetensors")), state["optimizer"]))
     torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])

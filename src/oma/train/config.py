@@ -55,7 +55,9 @@ class EnvConfig:
 @dataclass
 class PolicyConfig:
     model: str = "tiny"
-    """``tiny`` (a small Qwen2 built from this config, tokenizer trained on env text) or a local HF model folder."""
+    """``tiny`` (a small Qwen2 built from this config, tokenizer trained on env text), a local HF model folder, or
+    ``tabular``: a softmax table over (``env.anchor()`` state, admissible action) logits, the fast lane for
+    studying the accounting itself (docs/experiments.md#the-tabular-lane); the LM-only options below are refused."""
     hidden: int = 128
     """tiny: hidden size."""
     layers: int = 2
@@ -79,12 +81,17 @@ class PolicyConfig:
     """LoRA rank via peft (0 = full fine-tuning)."""
     lora_alpha: int = 16
     """LoRA alpha."""
+    table_size: int = 65536
+    """tabular: entries of the logit table, one per (state, action) pair met; a run that meets more stops
+    with an error naming this key."""
 
 
 @dataclass
 class WarmStartConfig:
-    enabled: bool = True
-    """Supervised fine-tuning on noisy expert demonstrations before RL (how good the start is: ``episodes``, ``epochs``)."""
+    enabled: bool | None = None
+    """Supervised fine-tuning on noisy expert demonstrations before RL (how good the start is: ``episodes``, ``epochs``).
+    ``None`` (default): on for LM policies, off for ``policy.model=tabular`` (a uniform start). On for the tabular
+    policy, it is the closed-form imitation of ``episodes`` demonstration episodes (:func:`oma.agent.tabular.imitate`)."""
     episodes: int = 600
     """Demonstration episodes (their seeds are disjoint from training and evaluation seeds)."""
     noise: float = 0.3
@@ -128,8 +135,16 @@ class AlgoConfig:
     """Coefficient of the entropy bonus."""
 
 
+OPTIMIZERS = ("adamw", "sgd")
+
+
 @dataclass
 class OptimConfig:
+    optimizer: str = "adamw"
+    """``adamw`` | ``sgd`` (plain gradient descent, no momentum). The tabular lane uses ``sgd``: a table entry
+    gets gradient from its own state's rows only, so Adam's per-parameter normalisation would rescale each
+    state's step to ≈ ``lr`` and erase the weighting between states that the accounting decides; an LM's
+    shared parameters mix all rows, and Adam cannot (docs/experiments.md#the-tabular-lane)."""
     lr: float = 3e-4
     """AdamW learning rate of RL (1e-3 undid the warm start of the tiny policy within 8 iterations)."""
     weight_decay: float = 0.0
@@ -197,6 +212,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check("algo.objective", cfg.algo.objective, OBJECTIVES)
     _check("algo.reducer", cfg.algo.reducer, REDUCERS)
     _check("algo.mass", cfg.algo.mass, MASSES)
+    _check("optim.optimizer", cfg.optim.optimizer, OPTIMIZERS)
     positive = {
         "env.tasks_per_iter": cfg.env.tasks_per_iter, "env.group_size": cfg.env.group_size,
         "env.eval_tasks": cfg.env.eval_tasks, "policy.max_prompt_tokens": cfg.policy.max_prompt_tokens,
@@ -215,6 +231,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if not 0.0 <= cfg.warm_start.noise <= 1.0:
         raise ConfigError(f"warm_start.noise must be in [0, 1], got {cfg.warm_start.noise}")
+    if cfg.policy.model == "tabular":
+        _check_tabular(cfg)
+    if cfg.warm_start.enabled is None:
+        cfg.warm_start.enabled = cfg.policy.model != "tabular"
     if cfg.env.show_actions is None:
         cfg.env.show_actions = not cfg.policy.constrained
     if not cfg.env.show_actions and not cfg.policy.constrained:
@@ -226,6 +246,28 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             f"({cfg.env.tasks_per_iter * cfg.env.group_size}); mini-batches hold whole trajectories"
         )
     return cfg
+
+
+LM_ONLY: dict[str, str] = {
+    "policy.lora_r": "LoRA adapts a neural network", "policy.lora_alpha": "LoRA adapts a neural network",
+    "policy.constrained": "the table chooses among the admissible actions only",
+    "policy.hidden": "it shapes the tiny LM", "policy.layers": "it shapes the tiny LM", "policy.heads": "it shapes the tiny LM",
+    "policy.vocab_size": "the table has no tokenizer", "policy.max_prompt_tokens": "the table reads no prompt",
+    "policy.max_new_tokens": "the table writes no text", "env.history_length": "the table reads no prompt",
+    "env.show_actions": "the table reads no prompt",
+}
+"""Options only an LM policy has: ``policy.model=tabular`` refuses any of them set away from its default."""
+
+
+def _check_tabular(cfg: TrainConfig) -> None:
+    defaults = TrainConfig()
+    for key, why in LM_ONLY.items():
+        section, name = key.split(".")
+        value, default = getattr(getattr(cfg, section), name), getattr(getattr(defaults, section), name)
+        if value != default and not (key == "env.show_actions" and value is False):
+            raise ConfigError(f"{key}={value!r} does not apply to policy.model=tabular ({why}); remove it")
+    if cfg.policy.table_size < 1:
+        raise ConfigError(f"policy.table_size must be >= 1, got {cfg.policy.table_size}")
 
 
 def _valid_keys(node: type, prefix: str = "") -> list[str]:

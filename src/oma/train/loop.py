@@ -28,6 +28,7 @@ from torch import Tensor
 import oma.envs
 from oma.agent.policy import response_logprobs, unique_index
 from oma.agent.rollout import Rollout, Rows, rollout
+from oma.agent.tabular import TabularPolicy, tabular_rollout
 from oma.core import (
     clipped_tokens,
     gigpo_advantages,
@@ -129,14 +130,30 @@ def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int) 
     """Log-probs [R, width] of every row's response tokens under ``model``, each distinct row once."""
     out = torch.zeros(len(rows), width)
     for compute, served, local in forward_plan(rows, torch.arange(len(rows)), micro_rows):
-        logp, _, _ = response_logprobs(model, [rows.prompt_ids[i] for i in compute],
-                                       [rows.response_ids[i] for i in compute], pad_id, allowed=_allowed(rows, compute))
+        logp, _, _ = row_logprobs(model, rows, compute, pad_id)
         out[served, : logp.shape[1]] = logp[local]
     return out
 
 
-def _allowed(rows: Rows, idx: Tensor):
-    return [rows.allowed[i] for i in idx] if rows.allowed is not None else None
+def row_logprobs(model, rows: Rows, idx: Tensor, pad_id: int, *, with_entropy: bool = False):
+    """``(logp, response_mask, entropy)`` of rows ``idx`` under the policy, an LM or the table."""
+    allowed = [rows.allowed[i] for i in idx] if rows.allowed is not None else None
+    if isinstance(model, TabularPolicy):
+        return model.response_logprobs([rows.response_ids[i] for i in idx], allowed, with_entropy=with_entropy)
+    return response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id,
+                             with_entropy=with_entropy, allowed=allowed)
+
+
+def policy_rollout(cfg: TrainConfig, make_env, model, tokenizer, seeds: list[int], *, group_size: int,
+                   temperature: float, generator: torch.Generator | None) -> Rollout:
+    """G = len(seeds) tasks × ``group_size`` episodes with the policy, an LM or the table."""
+    if isinstance(model, TabularPolicy):
+        return tabular_rollout(make_env, model, seeds, group_size=group_size, temperature=temperature,
+                               invalid_penalty=cfg.env.invalid_penalty, generator=generator)
+    return rollout(make_env, model, tokenizer, seeds, group_size=group_size, history_length=cfg.env.history_length,
+                   max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
+                   temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
+                   constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
 
 
 def advantages(cfg: TrainConfig, rows: Rows) -> Tensor:
@@ -178,9 +195,7 @@ def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_
     n_tokens = max(1, int(mask[live].sum()))
     for compute, served, local in forward_plan(rows, rows_idx[live], cfg.optim.micro_batch_rows):
         served = live.nonzero().squeeze(-1)[served]
-        logp_u, _, entropy_u = response_logprobs(model, [rows.prompt_ids[i] for i in compute],
-                                                 [rows.response_ids[i] for i in compute], pad_id,
-                                                 with_entropy=bool(a.entropy_coef), allowed=_allowed(rows, compute))
+        logp_u, _, entropy_u = row_logprobs(model, rows, compute, pad_id, with_entropy=bool(a.entropy_coef))
         width = logp_u.shape[1]
         idx = rows_idx[served]
         logp, m = logp_u[local], mask[served, :width]
@@ -211,6 +226,13 @@ def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_
     total_w = float(weights.sum())  # the penalty was summed with the loss weights: report it per unit of weight
     totals["kl_ref"] = totals["kl_ref"] / total_w if total_w > 0 else 0.0
     return totals
+
+
+def make_optimizer(cfg: TrainConfig, params: list[Tensor]) -> torch.optim.Optimizer:
+    o = cfg.optim
+    if o.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=o.adam_eps)
 
 
 def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iteration: int) -> dict[str, float]:
@@ -251,10 +273,8 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
     out = {}
     for name, temperature, generator in (("eval", 0.0, None),
                                          ("eval_sampled", cfg.policy.temperature, _generator(cfg.seed, iteration, "eval"))):
-        ro = rollout(make_env, model, tokenizer, seeds, group_size=1, history_length=cfg.env.history_length,
-                     max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
-                     temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
-                     constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
+        ro = policy_rollout(cfg, make_env, model, tokenizer, seeds, group_size=1, temperature=temperature,
+                            generator=generator)
         steps = sum(e.steps for e in ro.episodes)
         out.update({f"{name}_success": ro.success_rate,
                     f"{name}_outcome": sum(e.outcome for e in ro.episodes) / len(ro.episodes),
@@ -385,9 +405,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                                                      target_modules="all-linear", lora_dropout=0.0))
         # A frozen copy of the warm start: the KL penalty's reference, and the `kl_warm_start` diagnostic.
         ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 or cfg.log_kl_warm_start else None
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
-                                      weight_decay=cfg.optim.weight_decay, eps=cfg.optim.adam_eps)
-        pad_id = tokenizer.pad_token_id
+        optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+        pad_id = tokenizer.pad_token_id if tokenizer is not None else 0  # the tabular policy has no tokenizer
         start = 0
         if resume:
             ckpt = latest_checkpoint(run_dir)
@@ -405,11 +424,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         for it in range(start + 1, cfg.iterations + 1):
             # ---- 1. rollout: G tasks × n episodes, one row per step ------------------------------
             t0 = time.perf_counter()
-            ro = rollout(make_env, model, tokenizer, task_seeds(cfg, it), group_size=cfg.env.group_size,
-                         history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
-                         max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
-                         invalid_penalty=cfg.env.invalid_penalty, generator=_generator(cfg.seed, it, "rollout"),
-                         constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
+            ro = policy_rollout(cfg, make_env, model, tokenizer, task_seeds(cfg, it), group_size=cfg.env.group_size,
+                                temperature=cfg.policy.temperature, generator=_generator(cfg.seed, it, "rollout"))
             rows = ro.rows
             t_rollout = time.perf_counter() - t0
 

@@ -13,7 +13,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,9 +22,10 @@ from rich.progress import Progress
 import oma
 from oma.agent.policy import EOS, action_choices, allowed_positions, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
 from oma.agent.prompt import step_prompt
+from oma.agent.tabular import TabularPolicy, imitate
 from oma.core import micro_batches
 from oma.envs import env_class
-from oma.train.config import TrainConfig
+from oma.train.config import ConfigError, TrainConfig
 
 DEMO_SEED_OFFSET = 2_000_000
 """Demonstration seeds are ``DEMO_SEED_OFFSET + k``: disjoint from training (< eval offset) and evaluation."""
@@ -35,6 +36,9 @@ class Demo:
     prompt: str
     action: str
     admissible: list[str]
+    anchor: str = field(compare=False)
+    """The environment's name of the state (what the tabular policy is keyed by). Not part of a demonstration's
+    identity: anchors name every option, reward-only ones too, which leave the demonstration itself alone."""
 
 
 def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, history_length: int,
@@ -58,7 +62,8 @@ def demonstrations(make_env: Callable[[], object], episodes: int, noise: float, 
         while not done:
             admissible = info["admissible_actions"]
             expert = env.expert_action()
-            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length, show_actions), expert, admissible))
+            demos.append(Demo(step_prompt(info["task"], history, obs, admissible, history_length, show_actions), expert, admissible,
+                              env.anchor()))
             action = rng.choice(admissible) if rng.random() < noise else expert
             history.append((obs, action))
             obs, _, terminated, truncated, info = env.step(action)
@@ -77,7 +82,7 @@ def cache_key(cfg: TrainConfig) -> str:
         "oma": oma.__version__,
         "env": {"name": cfg.env.name, "history_length": cfg.env.history_length, "show_actions": cfg.env.show_actions,
                 "options": {k: v for k, v in cfg.env.options.items() if k not in reward_only}},
-        "policy": {k: v for k, v in asdict(cfg.policy).items() if k not in ("temperature", "lora_r", "lora_alpha")},
+        "policy": {k: v for k, v in asdict(cfg.policy).items() if k not in ("temperature", "lora_r", "lora_alpha", "table_size")},
         "warm_start": {k: v for k, v in asdict(cfg.warm_start).items() if k != "cache_dir"},
         "seed": cfg.seed,
         # The prompt format decides what the policy was trained to read: a format change must miss the cache.
@@ -130,6 +135,8 @@ def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_ro
 def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Progress | None = None):
     """(model, tokenizer, info) after the warm start, from the cache when it holds this config."""
     ws = cfg.warm_start
+    if cfg.policy.model == "tabular":
+        return _tabular_policy(cfg, make_env), None, {"cache": None, "cached": False}
     key = cache_key(cfg)
     cache = Path(ws.cache_dir).expanduser() / "warmstart" / key
     info = {"cache": str(cache), "cached": False}
@@ -153,6 +160,22 @@ def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Pro
                 sft_loss_last=losses[-1] if losses else None)
     _save(cache, model, tokenizer, {k: v for k, v in info.items() if k not in ("cache", "cached")})
     return model, tokenizer, info
+
+
+def _tabular_policy(cfg: TrainConfig, make_env: Callable[[], object]) -> TabularPolicy:
+    """A uniform table, or (``warm_start.enabled``) the imitation of ``warm_start.episodes`` demonstrations."""
+    env = make_env()
+    env.reset(DEMO_SEED_OFFSET)
+    try:
+        env.anchor()
+    except (AttributeError, NotImplementedError) as e:
+        raise ConfigError(f"policy.model=tabular needs env.anchor() (the table is keyed by the state it names), and "
+                          f"env.name={cfg.env.name!r} has none: {e}") from None
+    policy = TabularPolicy(cfg.policy.table_size)
+    if cfg.warm_start.enabled:
+        demos = demonstrations(make_env, cfg.warm_start.episodes, cfg.warm_start.noise, 0, False)
+        imitate(policy, [(d.anchor, d.action, d.admissible) for d in demos])
+    return policy
 
 
 def _user_tokenizer(path: str):

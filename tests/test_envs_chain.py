@@ -1,0 +1,273 @@
+"""``chain``: a tiny chain whose ``on_wrong`` option sets the sign of the length–outcome coupling."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from oma.envs import coupling, make, rollout
+from oma.envs.chain import ACTIONS, SIGNS, correct_action
+from oma.envs.coupling import NoisyExpert
+from test_envs import expert_run
+
+ON_WRONG = ("stay", "reset", "end", "advance")
+
+
+def right(env) -> str:
+    return env.expert_action()
+
+
+def wrong(env) -> str:
+    """An admissible action other than the right one (the first such)."""
+    return next(a for a in ACTIONS[: env.options.actions] if a != env.expert_action())
+
+
+@pytest.mark.parametrize("reward", ["success", "progress"])
+@pytest.mark.parametrize("on_wrong", ON_WRONG)
+@pytest.mark.parametrize("length", [1, 5, 8])
+def test_the_expert_wins_every_task_in_exactly_length_steps(length, on_wrong, reward) -> None:
+    env = make("chain", length=length, on_wrong=on_wrong, reward=reward, max_steps=length)
+    for seed in range(100):
+        actions, info = expert_run(env, seed)
+        assert info["won"] and len(actions) == length == env.expert_step_bound, seed
+    env.reset(99)
+    *_, (_, last_reward, terminated, truncated, _) = [env.step(a) for a in actions]
+    assert (last_reward, terminated, truncated) == (1.0, True, False)
+
+
+def test_looks_like_a_chain() -> None:
+    env = make("chain", length=3)
+    obs, info = env.reset(0)
+    assert info["task"] == "Reach the end of the chain: at each step, take the action the sign calls for."
+    assert obs == f"Step 1 of 3. The sign is {SIGNS[env._signs[0]]}."
+    assert info["admissible_actions"] == list(ACTIONS[:4])
+    assert env.step(right(env))[0] == f"Step 2 of 3. The sign is {SIGNS[env._signs[1]]}."
+    obs, reward, *_ = env.step("xyzzy")
+    assert obs == f"Nothing happens.\nStep 2 of 3. The sign is {SIGNS[env._signs[1]]}." and reward == 0.0
+
+
+def test_admissible_actions_differ_in_word_count() -> None:
+    """The point of the phrases: the rows of a step differ in tokens by the action taken."""
+    env = make("chain", actions=6)
+    _, info = env.reset(0)
+    assert [len(a.split()) for a in info["admissible_actions"]] == [1, 9, 3, 2, 6, 4]
+    assert make("chain", actions=2).reset(0)[1]["admissible_actions"] == [ACTIONS[0], ACTIONS[1]]
+
+
+def test_stay_keeps_the_position() -> None:
+    env = make("chain", length=3)
+    env.reset(0)
+    env.step(right(env))
+    before = env.anchor()
+    obs, reward, terminated, truncated, _ = env.step(wrong(env))
+    assert obs.startswith("Step 2 of 3.") and (reward, terminated, truncated) == (0.0, False, False)
+    assert env.anchor() == before
+    env.step(right(env))
+    _, reward, terminated, _, info = env.step(right(env))
+    assert (reward, terminated, info["won"]) == (1.0, True, True)  # 2 + 1 wrong = step 4
+
+
+def test_reset_goes_back_to_the_first_position() -> None:
+    env = make("chain", length=3, on_wrong="reset")
+    env.reset(0)
+    start = env.anchor()
+    env.step(right(env))
+    env.step(right(env))
+    obs, reward, terminated, _, _ = env.step(wrong(env))  # at the last position
+    assert obs.startswith("Step 1 of 3.") and (reward, terminated) == (0.0, False)
+    assert env.anchor() == start  # under success reward nothing else is remembered
+    results = [env.step(right(env)) for _ in range(3)]
+    assert [r[2] for r in results] == [False, False, True] and results[-1][4]["won"]
+
+
+@pytest.mark.parametrize(("reward", "paid"), [("success", 0.0), ("progress", 1 / 3)])
+def test_end_is_a_dead_end(reward: str, paid: float) -> None:
+    env = make("chain", length=3, on_wrong="end", reward=reward)
+    env.reset(0)
+    assert env.step(right(env))[1] == 0.0
+    obs, reward_, terminated, truncated, info = env.step(wrong(env))
+    assert obs == "Wrong way: the chain breaks here."
+    assert (reward_, terminated, truncated, info["won"]) == (paid, True, False, False)
+    assert info["admissible_actions"] == [] and env.anchor().endswith(":strayed" + ":credit=1" * (reward == "progress"))
+
+
+@pytest.mark.parametrize(("reward", "paid"), [("success", 0.0), ("progress", 2 / 3)])
+def test_advance_moves_on_but_cannot_win(reward: str, paid: float) -> None:
+    env = make("chain", length=3, on_wrong="advance", reward=reward)
+    env.reset(0)
+    obs, reward_, terminated, _, info = env.step(wrong(env))
+    assert obs.startswith("Step 2 of 3.") and obs.endswith("You went wrong; this path cannot reach the end.")
+    assert (reward_, terminated) == (0.0, False) and right(env) in info["admissible_actions"]
+    env.step(right(env))
+    obs, reward_, terminated, truncated, info = env.step(right(env))  # 2 of 3 right
+    assert obs == "You reached the end of the path, but it was the wrong path."
+    assert (reward_, terminated, truncated, info["won"]) == (paid, True, False, False)
+
+
+def test_advance_episodes_last_exactly_length_steps() -> None:
+    env = make("chain", on_wrong="advance", length=6)
+    policy = NoisyExpert(0.5)
+    episodes = [rollout(env, policy, seed) for seed in range(200)]
+    assert {e.steps for e in episodes} == {6}
+    assert 0 < sum(e.won for e in episodes) < 200 and not any(e.truncated for e in episodes)
+
+
+def test_the_anchor_of_a_strayed_path_differs() -> None:
+    env = make("chain", length=3, on_wrong="advance")
+    env.reset(0)
+    env.step(right(env))
+    clean = env.anchor()
+    env.reset(0)
+    env.step(wrong(env))
+    assert env.anchor() == clean + ":strayed"
+
+
+def test_progress_pays_the_furthest_position_when_truncated() -> None:
+    """Length 4, cap 4: right, right, wrong, wrong reaches position 2 of 4: 0.5 on the last step."""
+    env = make("chain", length=4, max_steps=4, reward="progress")
+    env.reset(0)
+    results = [env.step(a(env)) for a in (right, right, wrong, wrong)]
+    assert [r[1] for r in results] == [0.0, 0.0, 0.0, 0.5]
+    assert results[-1][3] and not results[-1][2] and not results[-1][4]["won"]
+    env.reset(0)
+    results = [env.step(a) for a in (right(env), "xyzzy", "xyzzy", "xyzzy")]
+    assert results[-1][1] == 0.25  # an invalid last step still ends the episode with its credit
+    env = make("chain", length=4, max_steps=4)
+    env.reset(0)
+    assert [env.step(a(env))[1] for a in (right, right, wrong, wrong)] == [0.0] * 4
+
+
+def test_progress_under_reset_pays_the_furthest_position_not_the_current_one() -> None:
+    """Length 4, cap 5: right x3 (position 3), wrong (back to 0), right (position 1): 3/4."""
+    env = make("chain", length=4, max_steps=5, on_wrong="reset", reward="progress")
+    env.reset(0)
+    start = env.anchor()
+    rewards = [env.step(a(env))[1] for a in (right, right, right, wrong)]
+    assert env.anchor() != start  # the credit of 3 is part of the state: it changes future rewards
+    rewards.append(env.step(right(env))[1])
+    assert rewards == [0.0, 0.0, 0.0, 0.0, 0.75]
+
+
+def test_progress_under_advance_pays_the_right_actions() -> None:
+    """Length 4: wrong, right, wrong, right: 2 of 4 right, 0.5, at the end of the path."""
+    env = make("chain", length=4, on_wrong="advance", reward="progress")
+    env.reset(0)
+    results = [env.step(a(env)) for a in (wrong, right, wrong, right)]
+    assert [r[1] for r in results] == [0.0, 0.0, 0.0, 0.5] and results[-1][2]
+
+
+def test_anchors_name_the_state_across_tasks() -> None:
+    """Equal position and sign give equal anchors in different tasks; the seed is left out."""
+    env = make("chain")
+    by_sign: dict[str, set[str]] = {}
+    for seed in range(30):
+        obs, _ = env.reset(seed)
+        by_sign.setdefault(obs, set()).add(env.anchor())
+        assert "#" not in env.anchor() and env.anchor().startswith("chain[")
+    assert len(by_sign) == 3 and all(len(anchors) == 1 for anchors in by_sign.values())
+    assert len(set.union(*by_sign.values())) == 3  # a different sign, a different anchor
+    env.reset(0)
+    start = env.anchor()
+    env.step(right(env))
+    moved = env.anchor()
+    assert moved != start and moved.split("|")[1].startswith("1:")
+    other = make("chain", length=6)  # the options are part of the anchor
+    other.reset(0)
+    assert other.anchor() != start
+
+
+def test_a_table_learned_on_some_tasks_solves_others() -> None:
+    """The right action is a function of the observation (position and sign) alone."""
+    env = make("chain", length=4, signs=3, actions=6)
+    table: dict[str, str] = {}
+    for seed in range(40):
+        obs, _ = env.reset(seed)
+        while True:
+            action = env.expert_action()
+            assert table.setdefault(obs, action) == action
+            obs, _, terminated, _, _ = env.step(action)
+            if terminated:
+                break
+    assert len(table) == 4 * 3
+    for seed in range(1000, 1040):
+        obs, _ = env.reset(seed)
+        results = [env.step(table[obs])]
+        while not results[-1][2]:
+            results.append(env.step(table[results[-1][0]]))
+        assert results[-1][4]["won"] and len(results) == 4
+
+
+def test_the_table_is_the_same_in_every_process() -> None:
+    table = [correct_action(p, s, 6) for p in range(8) for s in SIGNS]
+    assert len(set(table)) > 1
+    code = "from oma.envs.chain import SIGNS, correct_action as c\nprint([c(p, s, 6) for p in range(8) for s in SIGNS])"
+    for hash_seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        assert out.stdout.strip() == str(table)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"signs": 7}, "signs"),
+        ({"signs": 0}, "signs"),
+        ({"actions": 1}, "actions"),
+        ({"actions": 7}, "actions"),
+        ({"length": 0}, "length"),
+        ({"on_wrong": "loop"}, "on_wrong"),
+        ({"reward": "score"}, "reward"),
+    ],
+)
+def test_bad_options_name_the_field(options: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"chain: option '{field}'"):
+        make("chain", **options)
+
+
+def test_limits_and_valid_values_are_listed() -> None:
+    with pytest.raises(ValueError, match="'signs' must be an integer <= 6; got 7"):
+        make("chain", signs=7)
+    with pytest.raises(ValueError, match="'stay', 'reset', 'end', 'advance'"):
+        make("chain", on_wrong="loop")
+    assert make("chain", signs=6, actions=6).options.signs == 6
+
+
+def test_on_wrong_sets_the_sign_of_the_coupling() -> None:
+    """Loops make failures longer, dead ends shorter, ``advance`` exactly as long; ``end`` and
+    ``advance`` share the policy's draws until the first wrong turn, so their success rates match."""
+    stats = {w: coupling("chain", ("noisy_expert", 0.5), 500, on_wrong=w) for w in ON_WRONG}
+    assert stats["stay"].ratio > 1.5 and stats["reset"].ratio > 1.5
+    assert stats["stay"].failures_at_cap == stats["reset"].failures_at_cap == 1.0
+    assert stats["end"].ratio < 0.6 and stats["end"].failures_at_cap == 0.0
+    assert stats["advance"].ratio == 1.0
+    assert stats["end"].success_rate == stats["advance"].success_rate
+    assert 0.05 < stats["advance"].success_rate < 0.2  # about (1/2 + 1/8) ** 5 = 0.095
+
+
+def test_reward_changes_only_the_reward() -> None:
+    success = coupling("chain", ("noisy_expert", 0.5), 300, on_wrong="reset")
+    progress = coupling("chain", ("noisy_expert", 0.5), 300, on_wrong="reset", reward="progress")
+    assert (success.success_rate, success.mean_steps_failure) == (progress.success_rate, progress.mean_steps_failure)
+    assert progress.mean_reward > success.mean_reward == success.success_rate
+
+
+def test_rewards_are_zero_until_the_last_step() -> None:
+    rng = random.Random(0)
+    for on_wrong in ON_WRONG:
+        for reward in ("success", "progress"):
+            env = make("chain", on_wrong=on_wrong, reward=reward)
+            for seed in range(30):
+                _, info = env.reset(seed)
+                results = []
+                while not results or not (results[-1][2] or results[-1][3]):
+                    results.append(env.step(rng.choice(info["admissible_actions"])))
+                    info = results[-1][4]
+                assert all(r[1] == 0.0 for r in results[:-1])
+                last = results[-1]
+                assert last[4]["won"] == (last[1] == 1.0) and 0.0 <= last[1] <= 1.0
+                if reward == "success":
+                    assert last[1] in (0.0, 1.0)
