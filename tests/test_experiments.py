@@ -195,9 +195,9 @@ def test_compare_parallel_jobs_one_seed(tmp_path):
 # `oma report` on a hand-made directory: every number checked by hand arithmetic
 
 
-def _fake_run(rd, curve, rows_per_iter=6, horizon=4, eval_every=2, summary=True):
-    """A run directory with eval_success ``curve`` at 0, 2, 4 and one batch per iteration: one group of a
-    success (2 rows × 3 tokens, score 1) and a failure (4 rows × 3 tokens, score 0)."""
+def _fake_run(rd, curve, rows_per_iter=6, horizon=4, eval_every=2, summary=True, sampled=None):
+    """A run directory with eval_success ``curve`` (and eval_sampled_success ``sampled``) at 0, 2, 4 and one
+    batch per iteration: one group of a success (2 rows × 3 tokens, score 1) and a failure (4 rows × 3 tokens, score 0)."""
     rd.mkdir(parents=True)
     (rd / "config.json").write_text(json.dumps({"algo": {"reducer": "token-mean", "estimator": "grpo",
                                                          "norm_by_std": True}}))
@@ -208,6 +208,8 @@ def _fake_run(rd, curve, rows_per_iter=6, horizon=4, eval_every=2, summary=True)
             rec["rows"] = rows_per_iter
         if it % eval_every == 0:
             rec["eval_success"] = curve[it // eval_every]
+            if sampled is not None:
+                rec["eval_sampled_success"] = sampled[it // eval_every]
         lines.append(json.dumps(rec))
         if it:
             write_batch(rd / "batches" / f"iter_{it:06d}.parquet", group_index=np.zeros(6, dtype=np.int64),
@@ -292,6 +294,27 @@ def test_report_numbers_on_a_hand_made_directory(hand_made):
     assert "Corrected for the 2 comparisons of this report (Holm–Bonferroni, family-wise 5%)" in report
     assert "OA+MA/seed-3: not finished" in report
     assert all(_is_png(hand_made / p) for p in PNGS)
+
+
+def test_report_metric_sampled_reads_the_sampled_curve_by_hand(tmp_path):
+    out = tmp_path / "sampled"
+    greedy, sampled = {0: [0.0, 1.0, 1.0], 1: [0.0, 1.0, 1.0]}, {0: [0.1, 0.3, 0.5], 1: [0.1, 0.2, 0.6]}
+    for k in (0, 1):
+        _fake_run(out / "row+native" / f"seed-{k}", greedy[k], sampled=sampled[k])
+    doc = {"command": "oma compare hand-made --metric sampled", "horizon": 4, "seeds": [0, 1], "metric": "sampled",
+           "variants": [{"name": "row+native", "algo.accounting": "row", "algo.mass": "native"}],
+           "config": {"algo": {"estimator": "grpo"}, "env": {"name": "chain"}, "eval_every": 2}, "runs": {}}
+    (out / "compare.json").write_text(json.dumps(doc))
+    assert oma_main(["report", str(out)]) == 0  # compare.json's metric
+    res = json.loads((out / "results.json").read_text())
+    assert res["metric"] == "sampled"
+    assert res["variants"]["row+native"]["endpoint"]["mean"] == pytest.approx((0.9 / 3 + 0.9 / 3) / 2)
+    assert res["variants"]["row+native"]["nauc"]["mean"] == pytest.approx(((0.1 + 0.6 + 0.5) / 4 + (0.1 + 0.4 + 0.6) / 4) / 2)
+    assert "held-out sampled success (`eval_sampled_success`)" in (out / "report.md").read_text()
+    assert oma_main(["report", str(out), "--metric", "greedy"]) == 0  # the flag overrides compare.json
+    res = json.loads((out / "results.json").read_text())
+    assert res["metric"] == "greedy" and res["variants"]["row+native"]["endpoint"]["mean"] == pytest.approx(2 / 3)
+    assert oma_main(["report", str(out), "--metric", "best"]) == 2
 
 
 def test_report_horizon_and_out_file(hand_made, tmp_path):

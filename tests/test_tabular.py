@@ -38,17 +38,17 @@ def test_log_probs_and_gradients_by_hand():
     allowed = [torch.tensor([0, 1]), torch.tensor([2, 3, 4])]
     logp, mask, entropy = p.response_logprobs(responses, allowed, with_entropy=True)
     e = math.e
-    # π(push | s) = 3/(1+3); π(wait | t) = e/(e+e+1)
-    assert logp[0].tolist() == pytest.approx([math.log(3 / 4), 0, 0, 0])
-    assert logp[1].tolist() == pytest.approx([math.log(e / (2 * e + 1)), 0, 0, 0])
+    # every token carries the action's log-prob: π(push | s) = 3/(1+3); π(wait | t) = e/(e+e+1); 0 past the row
+    a, b = math.log(3 / 4), math.log(e / (2 * e + 1))
+    assert logp.tolist() == [pytest.approx([a] * 4), pytest.approx([b, b, b, 0])]
     assert mask.tolist() == [[True] * 4, [True, True, True, False]]
     h_s = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     q = [e / (2 * e + 1), e / (2 * e + 1), 1 / (2 * e + 1)]
     h_t = -sum(x * math.log(x) for x in q)
-    assert entropy[:, 0].tolist() == pytest.approx([h_s, h_t]) and entropy[:, 1:].abs().sum() == 0
-    # d log π(a|s) / dθ[s, b] = 1[a = b] − π(b|s); other entries 0
-    logp[:, 0].sum().backward()
-    assert p.logits.grad[:5].tolist() == pytest.approx([-0.25, 0.25, -q[0], 1 - q[1], -q[2]])
+    assert entropy.tolist() == [pytest.approx([h_s] * 4), pytest.approx([h_t] * 3 + [0])]
+    # d log π(a|s) / dθ[s, b] = 1[a = b] − π(b|s), once per token: 4 tokens of row 0, 3 of row 1
+    logp.sum().backward()
+    assert p.logits.grad[:5].tolist() == pytest.approx([4 * -0.25, 4 * 0.25, 3 * -q[0], 3 * (1 - q[1]), 3 * -q[2]])
     assert p.logits.grad[5:].abs().sum() == 0
 
 
@@ -60,7 +60,7 @@ def test_act_greedy_sampled_and_recorded_log_probs():
     # recorded log-probs are those training scores: the same as response_logprobs of the chosen rows
     logp, _, _ = p.response_logprobs(gen.response_ids, gen.allowed)
     assert [lp[0] for lp in gen.logp] == pytest.approx(logp[:, 0].tolist())
-    assert gen.logp[0][1:] == [0.0] * 3
+    assert gen.logp[0] == [gen.logp[0][0]] * 4 and len(gen.logp[1]) == 2
     # sampling follows π: 4000 draws in s, π(push | s) = 0.75
     g = torch.Generator().manual_seed(0)
     gen = p.act(["s"] * 4000, [["go", "push the gate"]] * 4000, temperature=1.0, generator=g)
@@ -105,9 +105,9 @@ def test_rollout_rows_carry_token_counts_and_recorded_log_probs():
     ro, batch = _batch(p)
     rows = ro.rows
     assert len(rows) == sum(e.steps for e in ro.episodes) and rows.valid.all()
-    texts = [a for e in ro.episodes for _, a in e.transcript]
-    assert [len(r) for r in rows.response_ids] == [action_tokens(t) for t in texts] or \
-        sorted(len(r) for r in rows.response_ids) == sorted(action_tokens(t) for t in texts)
+    texts = [ro.episodes[t].transcript[k][1] for t, k in zip(rows.traj_index.tolist(), rows.step_index.tolist())]
+    assert [len(r) for r in rows.response_ids] == [action_tokens(t) for t in texts]
+    assert len({len(r) for r in rows.response_ids}) > 1  # short and long actions were both taken
     logp, mask, _ = row_logprobs(p, rows, torch.arange(len(rows)), 0)
     assert torch.equal(mask, batch.response_mask)
     torch.testing.assert_close(logp, per_token(rows.logp, mask.shape[1]))
@@ -168,6 +168,27 @@ def test_lm_only_options_are_refused_by_name(override, key):
         load_config(None, [*TAB, override])
 
 
+def test_normalized_sgd_steps_have_length_lr_by_hand():
+    from oma.train.loop import NormalizedSGD
+
+    a, b = torch.nn.Parameter(torch.tensor([1.0, 2.0])), torch.nn.Parameter(torch.tensor([0.0]))
+    opt = NormalizedSGD([a, b], lr=0.5)
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])  # ‖g‖ = 5
+    opt.step()
+    assert a.tolist() == pytest.approx([1 - 0.5 * 3 / 5, 2.0]) and b.tolist() == pytest.approx([-0.5 * 4 / 5])
+    a.grad, b.grad = torch.tensor([30.0, 0.0]), torch.tensor([40.0])  # 10x the gradient: the same step
+    before = a.detach().clone()
+    opt.step()
+    assert (a.detach() - before).tolist() == pytest.approx([-0.3, 0.0])
+    a.grad.zero_(), b.grad.zero_()
+    before = a.detach().clone()
+    opt.step()  # a zero gradient takes no step (and makes no NaN)
+    assert torch.equal(a.detach(), before)
+    assert load_config(None, [*TAB, "optim.optimizer=normalized-sgd"]).optim.optimizer == "normalized-sgd"
+    with pytest.raises(ConfigError, match="optim.optimizer='adam' is not valid"):
+        load_config(None, [*TAB, "optim.optimizer=adam"])
+
+
 def test_tabular_defaults_start_uniform_and_lm_defaults_keep_their_warm_start():
     assert load_config(None, TAB).warm_start.enabled is False
     assert load_config(None, []).warm_start.enabled is True
@@ -189,3 +210,49 @@ def test_an_environment_without_anchor_is_refused_with_the_reason(monkeypatch, t
     assert rc == 2
     err = capsys.readouterr().err
     assert "needs env.anchor()" in err and "noanchor" in err
+
+
+def test_tabular_compare_two_seeds_two_iterations_writes_every_section(tmp_path):
+    from test_experiments import PNGS, SECTIONS
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "configs/chain-tabular-grpo.yaml", "env.eval_tasks=8", "eval_every=1", "--variants", "2",
+            "--seeds", "2", "--horizon", "2", "--metric", "sampled", "--out", str(out)]
+    assert oma_main(argv) == 0
+    report = (out / "report.md").read_text()
+    for section in SECTIONS:
+        assert section in report, section
+    assert "held-out sampled success" in report and all((out / p).is_file() for p in PNGS)
+    res = json.loads((out / "results.json").read_text())
+    assert res["metric"] == "sampled" and res["variants"]["OA+MA"]["paired_seeds"] == [0, 1]
+    # the report's endpoint is the mean of the sampled evaluations at 0, 1, 2, read back by hand
+    rd = out / "OA+MA" / "seed-1"
+    curve = [json.loads(ln)["eval_sampled_success"] for ln in (rd / "metrics.jsonl").read_text().splitlines()]
+    run = next(r for r in res["runs"] if r["variant"] == "OA+MA" and r["seed"] == 1)
+    assert run["endpoint"] == pytest.approx(sum(curve) / 3)
+    assert json.loads((rd / "config.json").read_text())["policy"]["model"] == "tabular"
+
+
+def test_coupling_map_smoke_and_bad_arguments(tmp_path, capsys):
+    from oma.experiments.coupling_map import SETTING_NAMES
+
+    out = tmp_path / "map"
+    argv = ["coupling-map", "--seeds", "2", "--horizon", "2", "--settings", "advance,reset", "--out", str(out),
+            "env.eval_tasks=8", "eval_every=1"]
+    assert oma_main(argv) == 0
+    readme = (out / "README.md").read_text()
+    for section in ("## Command", "## Settings", "## The map", "## What each component does", "## Wall time"):
+        assert section in readme, section
+    m = json.loads((out / "map.json").read_text())
+    assert set(m["settings"]) == {"advance", "reset"} and m["family_size"] <= 2 * 3 * 2
+    # advance: every episode lasts `length` = 4 steps, so failures and successes have the same rows
+    ratio = m["settings"]["advance"]["ratio"]
+    assert ratio is None or ratio["mean"] == pytest.approx(1.0)
+    assert (out / "coupling_map.png").read_bytes()[:4] == b"\x89PNG"
+    for name in ("advance", "reset"):
+        assert (out / name / "report.md").is_file()
+    assert len(SETTING_NAMES) == 8
+    assert oma_main(["coupling-map", "--settings", "nope", "--out", str(out)]) == 2
+    assert "unknown setting" in capsys.readouterr().err
+    assert oma_main(["coupling-map", "--seeds", "1", "--out", str(out)]) == 2
+    assert "--seeds must be >= 2" in capsys.readouterr().err

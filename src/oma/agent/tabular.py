@@ -14,11 +14,13 @@ with the weights (:meth:`TabularPolicy.index_state`), so a resumed run continues
 
 **Tokens.** A row of the LM policy has one log-prob per generated token, and its loss weight
 (``algo.reducer``) depends on how many tokens it has. The tabular policy's row for action ``a`` has
-:func:`action_tokens` tokens (a stand-in for the default tokenizer: words + end-of-sequence). The
-first token carries log π(a | s); the others are forced (log-prob 0, entropy 0), exactly like the
-tokens that constrained decoding appends once only one admissible action remains
-(:func:`oma.agent.policy.forced_rest`). So every reducer sees real token counts, which differ
-between short and long actions and trajectories, and the gradient is that of the action choice.
+:func:`action_tokens` tokens (a stand-in for the default tokenizer: words + end-of-sequence), and
+every one of them carries log π(a | s) (and the entropy of π(· | s)): the action's choice counted
+once per token. So a row's gradient is proportional to the total weight of its tokens, as when every
+token of an LM response carries gradient (free-text decoding, verl-agent's setup): under token-mean
+a long action weighs more than a short one, and a trajectory's objective mass is its influence. Per
+token the ratio is the action's ratio π(a | s) / π_old(a | s), so PPO-clip clips actions, and GSPO's
+sequence ratio (the geometric mean over tokens) is the action's ratio too.
 
 Row encoding (what :class:`oma.agent.rollout.Rows` holds for this policy): ``prompt_ids = [state
 id]``; ``response_ids`` = the chosen action's table entry, repeated once per token; ``allowed`` =
@@ -129,14 +131,14 @@ class TabularPolicy(torch.nn.Module):
         entropy = (-(logp_all.exp() * logp_all).sum(-1)).tolist()
         texts = [acts[c] for acts, c in zip(admissible, choice.tolist())]
         responses = [[int(a[c])] * action_tokens(t) for a, c, t in zip(allowed, choice.tolist(), texts)]
-        return Generation(responses, texts, allowed, [[lp] + [0.0] * (len(r) - 1) for lp, r in zip(logp, responses)],
-                          [[h] + [0.0] * (len(r) - 1) for h, r in zip(entropy, responses)])
+        return Generation(responses, texts, allowed, [[lp] * len(r) for lp, r in zip(logp, responses)],
+                          [[h] * len(r) for h, r in zip(entropy, responses)])
 
     def response_logprobs(self, response_ids: Sequence[Sequence[int]], allowed: Sequence[Tensor], *,
                           with_entropy: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(logp [R, L], response_mask [R, L], entropy [R, L] or None)`` as the LM's
-        :func:`oma.agent.policy.response_logprobs` returns them: column 0 holds log π(a | s) (and
-        the entropy of π(· | s)), the forced columns after it 0."""
+        :func:`oma.agent.policy.response_logprobs` returns them: each of a row's tokens holds
+        log π(a | s) (and the entropy of π(· | s)), 0 past its length."""
         lengths = torch.tensor([len(r) for r in response_ids])
         width = int(lengths.max())
         mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(-1)
@@ -146,11 +148,11 @@ class TabularPolicy(torch.nn.Module):
         padded_entries[valid] = torch.cat(list(allowed))
         position = ((padded_entries == chosen.unsqueeze(-1)) & valid).long().argmax(-1)
         logp_all = torch.log_softmax(logits, dim=-1)
-        rest = torch.zeros(len(response_ids), width - 1)
-        logp = torch.cat([logp_all.gather(-1, position.unsqueeze(-1)), rest], dim=1)
+        zero = torch.zeros((), dtype=logp_all.dtype)
+        logp = torch.where(mask, logp_all.gather(-1, position.unsqueeze(-1)), zero)
         entropy = None
         if with_entropy:
-            entropy = torch.cat([-(logp_all.exp() * logp_all).sum(-1, keepdim=True), rest], dim=1)
+            entropy = torch.where(mask, -(logp_all.exp() * logp_all).sum(-1, keepdim=True), zero)
         return logp, mask, entropy
 
 

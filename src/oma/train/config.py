@@ -135,16 +135,18 @@ class AlgoConfig:
     """Coefficient of the entropy bonus."""
 
 
-OPTIMIZERS = ("adamw", "sgd")
+OPTIMIZERS = ("adamw", "sgd", "normalized-sgd")
 
 
 @dataclass
 class OptimConfig:
     optimizer: str = "adamw"
-    """``adamw`` | ``sgd`` (plain gradient descent, no momentum). The tabular lane uses ``sgd``: a table entry
-    gets gradient from its own state's rows only, so Adam's per-parameter normalisation would rescale each
-    state's step to ≈ ``lr`` and erase the weighting between states that the accounting decides; an LM's
-    shared parameters mix all rows, and Adam cannot (docs/experiments.md#the-tabular-lane)."""
+    """``adamw`` | ``sgd`` (plain gradient descent) | ``normalized-sgd`` (θ −= lr · g/‖g‖: every step has length
+    ``lr``). The tabular lane uses ``normalized-sgd``: a table entry gets gradient from its own state's rows only,
+    so Adam's per-parameter normalisation would rescale each state's step and erase the allocation between
+    states that the accounting decides, while plain SGD would let an accounting that merely scales the
+    gradient win by taking larger steps (docs/experiments.md#the-tabular-lane). ``weight_decay`` and
+    ``adam_eps`` do not apply to ``normalized-sgd``."""
     lr: float = 3e-4
     """AdamW learning rate of RL (1e-3 undid the warm start of the tiny policy within 8 iterations)."""
     weight_decay: float = 0.0

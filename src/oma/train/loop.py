@@ -228,10 +228,35 @@ def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_
     return totals
 
 
+class NormalizedSGD(torch.optim.Optimizer):
+    """θ ← θ − lr · g / ‖g‖ (the global norm over all parameters; no step when g = 0).
+
+    Every step has length ``lr`` whatever the gradient's scale, so two accountings that weight rows
+    alike up to a constant take the same step, and only the direction (how the update is allocated
+    between states and rows) differs: scale-free like Adam, without Adam's per-parameter
+    normalisation (docs/experiments.md#the-tabular-lane).
+    """
+
+    def __init__(self, params, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads])) if grads else 0.0
+        if float(norm) > 0:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-group["lr"] / float(norm))
+
+
 def make_optimizer(cfg: TrainConfig, params: list[Tensor]) -> torch.optim.Optimizer:
     o = cfg.optim
     if o.optimizer == "sgd":
         return torch.optim.SGD(params, lr=o.lr, weight_decay=o.weight_decay)
+    if o.optimizer == "normalized-sgd":
+        return NormalizedSGD(params, lr=o.lr)
     return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=o.adam_eps)
 
 
