@@ -187,12 +187,30 @@ def test_normalized_sgd_steps_have_length_lr_by_hand():
     assert load_config(None, [*TAB, "optim.optimizer=normalized-sgd"]).optim.optimizer == "normalized-sgd"
     with pytest.raises(ConfigError, match="optim.optimizer='adam' is not valid"):
         load_config(None, [*TAB, "optim.optimizer=adam"])
+    with pytest.raises(ConfigError, match="optim.weight_decay=0.1 does not apply"):
+        load_config(None, [*TAB, "optim.optimizer=normalized-sgd", "optim.weight_decay=0.1"])
 
 
 def test_tabular_defaults_start_uniform_and_lm_defaults_keep_their_warm_start():
     assert load_config(None, TAB).warm_start.enabled is False
     assert load_config(None, []).warm_start.enabled is True
     assert load_config(None, [*TAB, "warm_start.enabled=true"]).warm_start.enabled is True
+
+
+def test_the_imitation_warm_start_through_the_config_prefers_the_expert():
+    from oma.train.loop import env_factory
+    from oma.train.warmstart import DEMO_SEED_OFFSET, build_policy
+
+    cfg = load_config(None, ["policy.model=tabular", "env.name=chain", "warm_start.enabled=true", "warm_start.episodes=5"])
+    policy, tokenizer, info = build_policy(cfg, env_factory(cfg))
+    assert tokenizer is None and info["cached"] is False and policy.entries > 0
+    env = oma.envs.make("chain")
+    env.reset(DEMO_SEED_OFFSET)  # the first demonstration's first state: the expert was shown acting there
+    state, actions = env.anchor(), env.reset(DEMO_SEED_OFFSET)[1]["admissible_actions"]
+    gen = policy.act([state], [actions], temperature=0.0, generator=None)
+    assert gen.texts == [env.expert_action()] and gen.logp[0][0] > math.log(1 / len(actions))
+    uniform = load_config(None, ["policy.model=tabular", "env.name=chain"])
+    assert build_policy(uniform, env_factory(uniform))[0].entries == 0  # no warm start: nothing met yet
 
 
 def test_an_environment_without_anchor_is_refused_with_the_reason(monkeypatch, tmp_path, capsys):

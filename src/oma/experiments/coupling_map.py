@@ -194,19 +194,24 @@ def _machine(settings: dict[str, Any]) -> str:
 
 
 def statements(m: dict[str, Any]) -> list[str]:
-    """One plain sentence per (setting, variant) whose difference to row+native has a CI excluding 0."""
-    names = {"OA+MA": "OA+MA", "OA+native": "OA alone", "row+MA": "MA alone"}
-    lines = []
+    """Per setting, what OA alone, MA alone and both do to endpoint / nAUC: helps, hurts or — (CI includes 0)."""
+    names = (("OA+native", "OA alone"), ("row+MA", "MA alone"), ("OA+MA", "OA+MA"))
+    lines = [("Each cell: endpoint / nAUC against row+native; **helps** or **hurts** when the 95% CI excludes 0 "
+              "(✱: it also survives Holm over the map), — when it includes 0."), "",
+             "| setting | " + " | ".join(label for _, label in names) + " |", "|---|---|---|---|"]
     for name, e in m["settings"].items():
-        for v, ms in e["diffs"].items():
-            for metric, d in ms.items():
+        cells = []
+        for v, _ in names:
+            parts = []
+            for metric, d in e["diffs"].get(v, {}).items():
                 if d is None or not d.significant:
-                    continue
-                verb = "helps" if d.mean > 0 else "hurts"
-                holm_note = "survives" if (name, v, metric) in m["holm"] else "does not survive"
-                lines.append(f"* **{name}**: {names[v]} {verb} ({metric} {d.mean:+.3f}, 95% CI {d.lo:+.3f} to {d.hi:+.3f}; "
-                             f"{holm_note} Holm over the map).")
-    return lines or ["* No difference to row+native has a 95% CI that excludes 0 in any setting."]
+                    parts.append("—")
+                else:
+                    star = " ✱" if (name, v, metric) in m["holm"] else ""
+                    parts.append(f"**{'helps' if d.mean > 0 else 'hurts'}**{star} ({d.mean:+.3f})")
+            cells.append(" / ".join(parts))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(m: dict[str, Any], path: Path) -> None:
@@ -248,7 +253,6 @@ def to_json(m: dict[str, Any], wall: float) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     from oma.experiments import compare
-    from oma.train.checkpoint import atomic_write_text
 
     try:
         args = _parser().parse_args(argv)
@@ -276,11 +280,17 @@ def main(argv: list[str]) -> int:
         if rc != 0:
             print(f"oma coupling-map: setting {name} failed (oma compare exit {rc}); rerun to resume", file=sys.stderr)
             return rc
-    m = collect(out, names)
-    wall = time.perf_counter() - t0
-    command = "oma coupling-map " + " ".join(argv)
-    plot(m, out / "coupling_map.png")
-    atomic_write_text(out / "map.json", json.dumps(to_json(m, wall), indent=2))
-    atomic_write_text(out / "README.md", render(m, command, wall))
+    write_map(out, names, "oma coupling-map " + " ".join(argv), time.perf_counter() - t0)
     print(f"oma coupling-map: wrote {out / 'README.md'}")
     return 0
+
+
+def write_map(out: Path, names: list[str], command: str, wall: float) -> None:
+    """The map of the finished settings ``names`` under ``out``: README.md, coupling_map.png, map.json.
+    ``wall`` is the wall time of the command that ran them (the README reports it)."""
+    from oma.train.checkpoint import atomic_write_text
+
+    m = collect(out, names)
+    plot(m, out / "coupling_map.png")
+    atomic_write_text(out / "map.json", json.dumps({"command": command, **to_json(m, wall)}, indent=2))
+    atomic_write_text(out / "README.md", render(m, command, wall))

@@ -215,6 +215,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check("algo.reducer", cfg.algo.reducer, REDUCERS)
     _check("algo.mass", cfg.algo.mass, MASSES)
     _check("optim.optimizer", cfg.optim.optimizer, OPTIMIZERS)
+    if cfg.optim.optimizer == "normalized-sgd" and cfg.optim.weight_decay:
+        raise ConfigError(f"optim.weight_decay={cfg.optim.weight_decay} does not apply to optim.optimizer=normalized-sgd "
+                          "(its steps have length optim.lr); remove it")
     positive = {
         "env.tasks_per_iter": cfg.env.tasks_per_iter, "env.group_size": cfg.env.group_size,
         "env.eval_tasks": cfg.env.eval_tasks, "policy.max_prompt_tokens": cfg.policy.max_prompt_tokens,
