@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from oma.experiments.variants import VARIANT_SETS, Variant, variant_set
+from oma.train.config import config_diff
 
 SCHEMA_VERSION = 1
 
@@ -100,23 +101,6 @@ def run_config(base, variant: Variant, seed: int, horizon: int, run_dir: Path):
     return cfg
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v and k != "options":
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def config_diff(saved: dict, now: dict, ignore: tuple[str, ...] = MAY_DIFFER) -> list[str]:
-    """``key (saved X, now Y)`` for every dotted key whose value differs, ``ignore`` aside."""
-    a, b = _flat(json.loads(json.dumps(saved))), _flat(json.loads(json.dumps(now)))
-    return [f"{k} (saved {a.get(k)!r}, now {b.get(k)!r})" for k in sorted(set(a) | set(b))
-            if k not in ignore and a.get(k) != b.get(k)]
-
-
 def run_state(run: Run) -> str:
     """Decide what to do with ``run``'s directory: ``done``, ``resume`` or ``fresh``.
 
@@ -129,7 +113,7 @@ def run_state(run: Run) -> str:
     if not d.is_dir():
         return "fresh"
     if (d / "config.json").is_file():
-        diff = config_diff(json.loads((d / "config.json").read_text()), to_dict(run.cfg))
+        diff = config_diff(json.loads((d / "config.json").read_text()), to_dict(run.cfg), MAY_DIFFER)
         if diff:
             raise CompareError(
                 f"{d} holds a run of another config: it differs in {', '.join(diff)}; "
@@ -374,7 +358,7 @@ def _load_previous(out: Path, record: dict) -> dict | None:
         prev = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise CompareError(f"{path} is not valid JSON ({e}); remove it or use another --out") from None
-    diff = config_diff(prev.get("config", {}), record)
+    diff = config_diff(prev.get("config", {}), record, MAY_DIFFER)
     if diff:
         raise CompareError(f"{out} holds a comparison of another config: it differs in {', '.join(diff)}; "
                            "use another --out")

@@ -2,13 +2,17 @@
 
 A checkpoint is a folder ``checkpoints/iter_000010`` written under a temporary name and renamed into
 place (a crash leaves either the old state or the new one, never half a checkpoint); the text
-file ``checkpoints/latest`` is replaced atomically after it.
+file ``checkpoints/latest`` is replaced atomically after it. ``state.json`` holds the SHA-256 of each
+tensor file, so a checkpoint damaged in place is detected and :func:`resume_from_checkpoint` falls back to the one
+before it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -66,7 +70,8 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
         opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        state = {"iteration": iteration, "optimizer": opt_meta, **extra}
+        state = {"iteration": iteration, "optimizer": opt_meta, **extra,
+                 "sha256": {name: _sha256(tmp / name) for name in TENSOR_FILES}}
         if hasattr(model, "index_state"):  # the tabular policy's index: JSON beside the tensors
             state["model_index"] = model.index_state()
         (tmp / "state.json").write_text(json.dumps(state))
@@ -80,22 +85,76 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
     return final
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
-    if not (path / "state.json").is_file():
-        raise FileNotFoundError(f"checkpoint {path} named by {pointer} is missing or incomplete")
-    return path
+TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file."""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints to resume from, best first: the one ``checkpoints/latest`` names, then the
+    others from the newest."""
+    root = run_dir / "checkpoints"
+    found = sorted((p for p in root.glob("iter_*") if p.is_dir()), reverse=True) if root.is_dir() else []
+    pointer = root / "latest"
+    named = root / pointer.read_text().strip() if pointer.is_file() else None
+    return ([named] if named in found else []) + [p for p in found if p != named]
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore model, optimizer and torch RNG from ``path``; return the JSON state."""
-    state = json.loads((path / "state.json").read_text())
-    if hasattr(model, "index_state"):
-        model.load_index_state(state["model_index"])
-    load_model(model, str(path / "model.safetensors"))
-    optimizer.load_state_dict(_unflatten_optimizer(load_file(str(path / "optimizer.safetensors")), state["optimizer"]))
-    torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])
+    """Restore model, optimizer and torch RNG from ``path``; return the JSON state.
+
+    Every file is checked (present, parseable, SHA-256 as saved) before anything is restored, so a
+    :class:`CheckpointError` leaves the model and optimizer as they were.
+    """
+    try:
+        state = json.loads((path / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint file {path / 'state.json'} is missing or corrupt ({e})") from None
+    for name in TENSOR_FILES:
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint file {file} is missing")
+        if "sha256" in state and _sha256(file) != state["sha256"][name]:
+            raise CheckpointError(f"checkpoint file {file} is corrupt (its SHA-256 differs from the saved one)")
+    try:
+        if hasattr(model, "index_state"):
+            model.load_index_state(state["model_index"])
+        load_model(model, str(path / "model.safetensors"))
+        optimizer.load_state_dict(_unflatten_optimizer(load_file(str(path / "optimizer.safetensors")), state["optimizer"]))
+        torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])
+    except Exception as e:  # a checkpoint of another model, or one saved before checksums existed and damaged
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {str(e).splitlines()[0]}") from None
     return state
+
+
+def resume_from_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, warn) -> dict[str, Any]:
+    """Load the best usable checkpoint of ``run_dir`` (:func:`checkpoints`); each unusable one is reported
+    through ``warn(message)`` and the one before it tried. CheckpointError when none is usable."""
+    tried = []
+    for path in checkpoints(run_dir):
+        try:
+            return load_checkpoint(path, model, optimizer) | {"path": str(path)}
+        except CheckpointError as e:
+            warn(f"{e}; trying the checkpoint before it")
+            tried.append(path.name)
+    raise CheckpointError(f"--resume: {run_dir} has no usable checkpoint" + (f" (tried {', '.join(tried)})" if tried else ""))
+
+
+_DEBRIS = re.compile(r"^\.tmp-.+|^\.(latest|metrics\.jsonl|config\.json|summary\.json)\..+")
+"""What a killed save leaves: a checkpoint's temporary folder, or :func:`atomic_write_text`'s temporary file."""
+
+
+def clean_debris(run_dir: Path) -> None:
+    """Remove what killed saves left in ``run_dir`` and its ``checkpoints/``."""
+    for folder in (run_dir, run_dir / "checkpoints"):
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if _DEBRIS.match(p.name):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()

@@ -3,20 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 
+from oma.train.checkpoint import CheckpointError
 from oma.train.config import ConfigError, load_config
 
+CLAIM = ".oma-run"
+"""Created with O_EXCL in a run folder by the trainer that claims it (docs/training.md#run-directory)."""
 
-def _fresh_dir(path: Path) -> Path:
-    """``path`` itself if unused, else the first free ``path-2``, ``path-3``… (nothing is overwritten)."""
-    if not path.exists() or not any(path.iterdir()):
-        return path
-    k = 2
-    while (candidate := path.with_name(f"{path.name}-{k}")).exists():
+
+def claim_run_dir(path: Path) -> Path:
+    """Claim ``path`` if unused, else the first free ``path-2``, ``path-3``… (nothing is overwritten).
+
+    A folder is free when it does not exist or is empty; it is claimed by creating its :data:`CLAIM`
+    file exclusively, so two trainers started at the same moment never share a folder.
+    """
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out_dir: {path} is a file; give a folder")
+    k = 1
+    while True:
+        candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
         k += 1
-    return candidate
+        if candidate.is_dir() and any(candidate.iterdir()) or candidate.exists() and not candidate.is_dir():
+            continue
+        candidate.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(candidate / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue  # another trainer claimed it between our look and our claim
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return candidate
+
+
+def _resume_dir(path: Path) -> Path:
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out_dir: {path} is a file; give the run folder to --resume")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"--resume: {path} is not a run folder (no config.json); check out_dir")
+    return path
 
 
 def main(argv: list[str]) -> int:
@@ -28,14 +56,30 @@ def main(argv: list[str]) -> int:
     config, overrides = args.config, list(args.overrides)
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         config, overrides = None, [config, *overrides]  # `oma train key=value` without a preset
+    run_dir = None
     try:
         cfg = load_config(config, overrides)
-        run_dir = Path(cfg.out_dir) if args.resume else _fresh_dir(Path(cfg.out_dir))
+        run_dir = _resume_dir(Path(cfg.out_dir)) if args.resume else claim_run_dir(Path(cfg.out_dir))
         cfg.out_dir = str(run_dir)
         from oma.train.loop import train
 
         train(cfg, run_dir, resume=args.resume)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"oma train: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"oma train: interrupted; rerun with --resume (out_dir={run_dir}) to continue from its latest checkpoint",
+              file=sys.stderr)
+        return 130
+    except (ConfigError, CheckpointError, FileNotFoundError) as e:
+        _abandon(run_dir, args.resume)
+        print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except (OSError, FloatingPointError) as e:
+        _abandon(run_dir, args.resume)
+        print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _abandon(run_dir: Path | None, resume: bool) -> None:
+    """Remove a folder this command claimed if it failed before its first result (metrics.jsonl)."""
+    if run_dir is not None and not resume and not (run_dir / "metrics.jsonl").exists():
+        shutil.rmtree(run_dir, ignore_errors=True)

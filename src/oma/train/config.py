@@ -8,6 +8,8 @@ list of valid ones; option strings are checked once, here.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,7 +185,8 @@ class TrainConfig:
     eval_every: int = 15
     """Evaluation on the held-out tasks every this many iterations (and at 0 and the end)."""
     checkpoint_every: int = 5
-    """Write a resumable checkpoint every this many iterations (and at the end)."""
+    """Write a resumable checkpoint every this many iterations (and at the end); at most every ``iterations // 2``,
+    so a short run killed halfway can resume too."""
     out_dir: str = "runs/household-gigpo-oma"
     """Run directory (an existing one gets a numbered sibling unless resuming)."""
     dump_batches: bool = False
@@ -208,6 +211,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Check option strings and ranges once; return ``cfg``."""
     from oma.envs import names
 
+    _check_finite(cfg)
     _check("env.name", cfg.env.name, tuple(names()))
     _check("algo.estimator", cfg.algo.estimator, ESTIMATORS)
     _check("algo.accounting", cfg.algo.accounting, ACCOUNTINGS)
@@ -225,17 +229,25 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         "optim.num_minibatches": cfg.optim.num_minibatches, "optim.micro_batch_rows": cfg.optim.micro_batch_rows,
         "eval_every": cfg.eval_every, "checkpoint_every": cfg.checkpoint_every, "threads": cfg.threads,
         "optim.lr": cfg.optim.lr, "optim.adam_eps": cfg.optim.adam_eps, "warm_start.batch_rows": cfg.warm_start.batch_rows,
+        "optim.grad_clip": cfg.optim.grad_clip, "policy.temperature": cfg.policy.temperature, "warm_start.lr": cfg.warm_start.lr,
     }
     for key, value in positive.items():
         if not value > 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
     for key, value in {"iterations": cfg.iterations, "env.history_length": cfg.env.history_length,
                        "warm_start.episodes": cfg.warm_start.episodes, "warm_start.epochs": cfg.warm_start.epochs,
-                       "algo.kl_coef": cfg.algo.kl_coef, "env.invalid_penalty": cfg.env.invalid_penalty}.items():
+                       "algo.kl_coef": cfg.algo.kl_coef, "env.invalid_penalty": cfg.env.invalid_penalty,
+                       "algo.clip_low": cfg.algo.clip_low, "algo.clip_high": cfg.algo.clip_high,
+                       "optim.weight_decay": cfg.optim.weight_decay}.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     if not 0.0 <= cfg.warm_start.noise <= 1.0:
         raise ConfigError(f"warm_start.noise must be in [0, 1], got {cfg.warm_start.noise}")
+    if not 0.0 <= cfg.algo.gamma <= 1.0:
+        raise ConfigError(f"algo.gamma must be in [0, 1], got {cfg.algo.gamma}")
+    if cfg.env.group_size < 2:
+        raise ConfigError(f"env.group_size must be >= 2, got {cfg.env.group_size}: a group-relative advantage of one "
+                          "episode is 0, so nothing would be learnt")
     if cfg.policy.model == "tabular":
         _check_tabular(cfg)
     if cfg.warm_start.enabled is None:
@@ -275,6 +287,13 @@ def _check_tabular(cfg: TrainConfig) -> None:
         raise ConfigError(f"policy.table_size must be >= 1, got {cfg.policy.table_size}")
 
 
+def _check_finite(cfg: TrainConfig) -> None:
+    """Every float option is a finite number (NaN would pass every range check and fail much later)."""
+    for key, value in _flat(to_dict(cfg)).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
+
+
 def _valid_keys(node: type, prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(node)
     keys = []
@@ -295,6 +314,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     no options (``oma train env.name=shop`` is shop with its own defaults). Dotted overrides of
     single options (``env.options.max_steps=20``) add to the options in force.
     """
+    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -303,7 +323,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
-        layers.append((OmegaConf.load(p), True))
+        try:
+            layers.append((OmegaConf.load(p), True))
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: "
+                              f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.mass=native)")
@@ -327,3 +353,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v and k != "options":
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_diff(saved: dict, now: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    """``key (saved X, now Y)`` for every dotted key whose value differs, ``ignore`` aside."""
+    a, b = _flat(json.loads(json.dumps(saved))), _flat(json.loads(json.dumps(now)))
+    return [f"{k} (saved {a.get(k)!r}, now {b.get(k)!r})" for k in sorted(set(a) | set(b))
+            if k not in ignore and a.get(k) != b.get(k)]

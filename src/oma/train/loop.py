@@ -40,8 +40,8 @@ from oma.core import (
     trajectory_minibatches,
     weighted_loss,
 )
-from oma.train.checkpoint import atomic_write_text, latest_checkpoint, load_checkpoint, save_checkpoint
-from oma.train.config import ConfigError, TrainConfig, to_dict
+from oma.train.checkpoint import atomic_write_text, clean_debris, resume_from_checkpoint, save_checkpoint
+from oma.train.config import ConfigError, TrainConfig, config_diff, to_dict
 from oma.train.warmstart import build_policy
 
 TRAIN_SEEDS_PER_RUN_SEED = 100_000
@@ -371,12 +371,6 @@ class MetricsLog:
             except ImportError:  # tensorboard is optional; metrics.jsonl always exists
                 self.tb = None
 
-    def truncate_after(self, iteration: int) -> None:
-        """Keep only lines up to ``iteration`` (a resumed run rewrites what came after its checkpoint)."""
-        if self.path.is_file():
-            lines = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["iteration"] <= iteration]
-            atomic_write_text(self.path, "".join(ln + "\n" for ln in lines))
-
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")  # strict JSON: undefined values are null
@@ -393,12 +387,29 @@ class MetricsLog:
 def _check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
     if not (run_dir / "config.json").is_file():
         raise ConfigError(f"--resume: {run_dir} is not a run directory (no config.json); check out_dir")
-    saved = json.loads((run_dir / "config.json").read_text())
-    now = to_dict(cfg)
-    diff = [k for k in now if k not in ("iterations", "out_dir") and saved.get(k) != now[k]]
+    diff = config_diff(json.loads((run_dir / "config.json").read_text()), to_dict(cfg), ("iterations", "out_dir"))
     if diff:
-        raise ConfigError(f"--resume: the config differs from the run's saved config.json in {diff}; "
+        raise ConfigError(f"--resume: the config differs from the run's saved config.json in {', '.join(diff)}; "
                           "only `iterations` may change when resuming")
+
+
+def keep_through(path: Path, iteration: int) -> None:
+    """Keep the JSON lines of ``path`` whose ``iteration`` is at most ``iteration`` (a resumed run rewrites
+    what came after its checkpoint). A last line cut short by a kill is dropped; a bad line before it is an error."""
+    if not path.is_file():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    keep = []
+    for n, ln in enumerate(lines):
+        try:
+            record = json.loads(ln)
+        except json.JSONDecodeError:
+            if n == len(lines) - 1:
+                break
+            raise ConfigError(f"{path}: line {n + 1} is not JSON; the file was damaged, not just cut short") from None
+        if record["iteration"] <= iteration:
+            keep.append(ln)
+    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
 
 # ================================================================================================
@@ -414,9 +425,10 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
 
     # ---- 0. setup: env, run directory, policy (warm start), optimizer, resume ------------------
     make_env = env_factory(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if resume:
         _check_resume_config(run_dir, cfg)
+        clean_debris(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
     log = MetricsLog(run_dir, cfg.tensorboard)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -434,17 +446,18 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         pad_id = tokenizer.pad_token_id if tokenizer is not None else 0  # the tabular policy has no tokenizer
         start = 0
         if resume:
-            ckpt = latest_checkpoint(run_dir)
-            if ckpt is None:
-                raise ConfigError(f"--resume: {run_dir} has no checkpoint to resume from")
-            start = load_checkpoint(ckpt, model, optimizer)["iteration"]
-            log.truncate_after(start)
-            console.print(f"resumed from {ckpt} (iteration {start})")
+            state = resume_from_checkpoint(run_dir, model, optimizer, warn=lambda m: console.print(f"warning: {m}"))
+            start = state["iteration"]
+            keep_through(log.path, start)
+            keep_through(run_dir / "samples.jsonl", start)
+            console.print(f"resumed from {state['path']} (iteration {start})")
         else:
-            log.truncate_after(-1)
+            keep_through(log.path, -1)
             (run_dir / "samples.jsonl").unlink(missing_ok=True)
             log.write({"iteration": 0, **evaluate(cfg, make_env, model, tokenizer, 0), "warm_start": ws_info})
 
+        # at least twice per run, so a short run killed halfway can resume too
+        checkpoint_every = min(cfg.checkpoint_every, max(1, cfg.iterations // 2))
         rl = progress.add_task("RL", total=cfg.iterations, completed=start)
         for it in range(start + 1, cfg.iterations + 1):
             # ---- 1. rollout: G tasks × n episodes, one row per step ------------------------------
@@ -487,7 +500,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
             if cfg.dump_batches:
                 _dump_batch(run_dir, it, rows, mask)
-            if it % cfg.checkpoint_every == 0 or it == cfg.iterations:
+            if it % checkpoint_every == 0 or it == cfg.iterations:
                 save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)})
             progress.update(rl, advance=1, description=(
                 f"RL it {it}: success {record['success']:.2f} rows/traj {record['rows_per_traj']:.1f} "

@@ -1,0 +1,204 @@
+"""`oma train` under faults: races, bad numbers, interrupts, corrupt or half-written files, short runs.
+
+The runs use the tabular policy on `chain` (about a second each): the fault handling is the loop's
+and the CLI's, the same for every policy.
+"""
+
+import errno
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from oma.cli import main as oma_main
+from oma.train.config import ConfigError, load_config
+
+FAST = ["policy.model=tabular", "env.name=chain", "env.options.length=2", "env.eval_tasks=4", "env.tasks_per_iter=2",
+        "env.group_size=3", "optim.optimizer=normalized-sgd", "optim.lr=0.2", "tensorboard=false", "threads=1"]
+
+
+def _metrics(path: Path) -> list[dict]:
+    drop = ("time_", "tokens_per_s", "rows_per_s", "warm_start")
+    return [{k: v for k, v in json.loads(ln).items() if not k.startswith(drop)} for ln in path.read_text().splitlines()]
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+# ---- claiming the run folder -------------------------------------------------------------------
+
+
+def _claim(args):
+    from oma.train.cli import claim_run_dir
+
+    path, barrier = args
+    barrier.wait()
+    return str(claim_run_dir(Path(path)))
+
+
+def test_simultaneous_starts_claim_distinct_folders(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(6)
+        with ctx.Pool(6) as pool:
+            got = pool.map(_claim, [(str(tmp_path / "run"), barrier)] * 6)
+    assert sorted(got) == sorted({str(tmp_path / "run"), *(str(tmp_path / f"run-{k}") for k in range(2, 7))})
+
+
+def test_an_empty_existing_folder_is_claimed_once(tmp_path):
+    from oma.train.cli import claim_run_dir
+
+    (tmp_path / "run").mkdir()
+    assert claim_run_dir(tmp_path / "run") == tmp_path / "run"
+    assert claim_run_dir(tmp_path / "run") == tmp_path / "run-2"  # claimed, though still empty of results
+
+
+# ---- numbers -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.grad_clip=-1", "optim.grad_clip"), ("optim.grad_clip=0", "optim.grad_clip"),
+    ("env.group_size=1", "env.group_size"), ("policy.temperature=0", "policy.temperature"),
+    ("policy.temperature=-1", "policy.temperature"), ("algo.entropy_coef=nan", "algo.entropy_coef"),
+    ("algo.clip_high=nan", "algo.clip_high"), ("algo.clip_low=-0.1", "algo.clip_low"), ("optim.lr=inf", "optim.lr"),
+    ("algo.gamma=1.5", "algo.gamma"), ("optim.weight_decay=-1", "optim.weight_decay"),
+    ("algo.step_advantage_w=nan", "algo.step_advantage_w"), ("warm_start.lr=0", "warm_start.lr"),
+    ("env.invalid_penalty=inf", "env.invalid_penalty"),
+])
+def test_numeric_options_are_checked_once_by_name(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+# ---- one line instead of a traceback ---------------------------------------------------------------
+
+
+def test_yaml_syntax_error_is_one_line_naming_the_file(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  mass: [native\n")
+    assert oma_main(["train", str(bad), f"out_dir={tmp_path / 'r'}"]) == 2
+    err = _one_line_error(capsys)
+    assert str(bad) in err and "line" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    assert oma_main(["train", *FAST, f"out_dir={tmp_path / 'f'}", "--resume"]) == 2
+    assert "is a file" in _one_line_error(capsys)
+    assert oma_main(["train", *FAST, f"out_dir={tmp_path / 'f'}"]) == 2
+    assert "is a file" in _one_line_error(capsys)
+
+
+def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    from oma.train import loop
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "r" / "checkpoints"))
+
+    monkeypatch.setattr(loop, "save_checkpoint", full)
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={tmp_path / 'r'}"]) == 1  # a runtime failure, not a usage error
+    err = _one_line_error(capsys)
+    assert "No space left on device" in err and "checkpoints" in err
+
+
+def test_sigint_is_one_line_and_the_run_resumes(tmp_path):
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "oma.cli", "train", *FAST, "iterations=400", "checkpoint_every=1", f"out_dir={out}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "checkpoints" / "latest").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "--resume" in err
+    done = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("iter_"))
+    assert oma_main(["train", *FAST, "checkpoint_every=1", f"iterations={done + 1}", f"out_dir={out}", "--resume"]) == 0
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["iteration"] == done + 1
+
+
+# ---- failed starts leave nothing behind -----------------------------------------------------------
+
+
+def test_a_failed_start_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert oma_main(["train", "policy.model=/nonexistent/model", f"out_dir={out}", "tensorboard=false"]) == 2
+    _one_line_error(capsys)
+    assert not out.exists()
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 0
+    assert (out / "config.json").is_file() and not (tmp_path / "r-2").exists()
+    assert oma_main(["train", *FAST, f"out_dir={tmp_path / 'missing'}", "--resume"]) == 2
+    assert "--resume" in _one_line_error(capsys) and not (tmp_path / "missing").exists()
+
+
+# ---- resume ------------------------------------------------------------------------------------------
+
+
+def test_a_short_run_can_resume(tmp_path):
+    cfg = load_config(None, [*FAST, "iterations=4"])
+    assert cfg.checkpoint_every > cfg.iterations  # the default (5) would never checkpoint a 4-iteration run
+    assert oma_main(["train", *FAST, "iterations=4", f"out_dir={tmp_path / 'r'}"]) == 0
+    names = sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir() if p.name.startswith("iter_"))
+    assert names == ["iter_000002", "iter_000004"]
+
+
+def _straight_and_resumed(tmp_path, damage):
+    common = [*FAST, "checkpoint_every=2", "eval_every=2", "samples_per_iter=2"]
+    assert oma_main(["train", *common, "iterations=6", f"out_dir={tmp_path / 'straight'}"]) == 0
+    assert oma_main(["train", *common, "iterations=4", f"out_dir={tmp_path / 'resumed'}"]) == 0
+    damage(tmp_path / "resumed")
+    assert oma_main(["train", *common, "iterations=6", f"out_dir={tmp_path / 'resumed'}", "--resume"]) == 0
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert _metrics(resumed / "metrics.jsonl") == _metrics(straight / "metrics.jsonl")
+    assert (resumed / "samples.jsonl").read_text() == (straight / "samples.jsonl").read_text()
+    return resumed
+
+
+def test_resume_trims_samples_and_a_half_written_metrics_line(tmp_path):
+    def damage(run):
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write('{"iteration": 5, "succ')  # killed mid-write
+        with (run / "samples.jsonl").open("a") as f:
+            f.write(json.dumps({"iteration": 5, "seed": 0}) + "\n")  # written after the last checkpoint
+
+    _straight_and_resumed(tmp_path, damage)
+
+
+def test_a_corrupt_checkpoint_is_named_and_the_previous_one_used(tmp_path, capsys):
+    def damage(run):
+        model = run / "checkpoints" / "iter_000004" / "model.safetensors"
+        data = bytearray(model.read_bytes())
+        data[-1] ^= 0xFF  # in place: same size, still parses
+        model.write_bytes(bytes(data))
+
+    _straight_and_resumed(tmp_path, damage)
+    out = capsys.readouterr()
+    assert "iter_000004" in out.out + out.err and "model.safetensors" in out.out + out.err
+
+
+def test_resume_cleans_debris_of_killed_saves(tmp_path):
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", f"out_dir={run}"]) == 0
+    (run / "checkpoints" / ".tmp-abc123").mkdir()
+    (run / "checkpoints" / ".tmp-abc123" / "model.safetensors").write_bytes(b"partial")
+    (run / "checkpoints" / ".latest.xyz").write_text("iter_000009")
+    assert oma_main(["train", *FAST, "iterations=3", "checkpoint_every=1", f"out_dir={run}", "--resume"]) == 0
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")) == []
+
+
+def test_resume_config_mismatch_names_the_dotted_key(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={run}"]) == 0
+    assert oma_main(["train", *FAST, "iterations=2", "algo.mass=native", f"out_dir={run}", "--resume"]) == 2
+    err = _one_line_error(capsys)
+    assert "algo.mass" in err and "['algo']" not in err
