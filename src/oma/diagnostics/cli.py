@@ -187,7 +187,8 @@ def _run(args: argparse.Namespace) -> int:
 
         from oma.diagnostics.report import iterations_section, render_terminal
 
-        console = Console(width=None if sys.stdout.isatty() else 120)
+        # a terminal or COLUMNS decides the width; a pipe without COLUMNS gets 120 columns rather than rich's 80
+        console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
         render_terminal(report, console, [iterations_section(items)] if items else None)
     return 0
 
@@ -207,12 +208,19 @@ def _json_doc(report, items, path: Path) -> dict:
 def _stage_dir(target: Path, kind: str, report, items, path: Path) -> Path:
     """Write the whole report into a hidden temporary directory next to ``target``."""
     stage = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.resolve().parent))
+    os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes 0700; the report is for colleagues and web servers too
     try:
         _fill_stage(stage, kind, report, items, path)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return stage
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fill_stage(stage: Path, kind: str, report, items, path: Path) -> None:
@@ -248,6 +256,7 @@ def _write_outputs(args: argparse.Namespace, report, items, path: Path) -> None:
         if args.json:
             target = Path(args.json)
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.resolve().parent)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(_json_doc(report, items, path), fh, indent=2, ensure_ascii=False, allow_nan=False)
                 fh.write("\n")

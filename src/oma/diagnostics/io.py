@@ -214,6 +214,8 @@ def batch_from_table(
             raise AuditInputError(f"unknown column role {role!r}; expected one of {', '.join(ROLES)}")
     names = list(table.column_names)
     found = ", ".join(names) if names else "no columns"
+    if table.num_rows == 0:  # before naming a missing column: a file of blank lines has no columns either
+        raise AuditInputError(f"{source} has no rows")
     for role, src in overrides.items():
         if src == ROW_AS_TRAJ and role == "traj_id":
             continue
@@ -234,8 +236,6 @@ def batch_from_table(
             f"{source} needs a column 'response_tokens' (count) or 'response_mask' (list per row); found: {found}{hint}"
         )
     rows = table.num_rows
-    if rows == 0:
-        raise AuditInputError(f"{source} has no rows")
 
     def label(role: str) -> str:
         src = src_of(role)
@@ -254,7 +254,7 @@ def batch_from_table(
     else:
         tokens, length = _mask_counts(table[mask_src], label("response_mask"))
     step = _ints(table[src_of("step")], label("step")) if src_of("step") else None
-    anchor = _ids(table[src_of("anchor")], label("anchor"))[0] if src_of("anchor") else None
+    anchor = _anchor_ids(table[src_of("anchor")], label("anchor")) if src_of("anchor") else None
     step_rewards = _floats(table[src_of("step_reward")], label("step_reward")) if src_of("step_reward") else None
     won = _bools(table[src_of("won")], label("won")) if src_of("won") else None
     check_one_group_per_traj(group_index, traj_index, group_labels, traj_labels, label("traj_id"))
@@ -394,10 +394,33 @@ def _mask_counts(col: pa.ChunkedArray, what: str) -> tuple[np.ndarray, int]:
 
 
 def _bools(col: pa.ChunkedArray, what: str) -> np.ndarray:
+    """true/false, or numbers that are exactly 0 or 1 (a rate or a score is not a success flag)."""
     _nulls(col, what)
     if pa.types.is_boolean(col.type):
         return col.to_numpy(zero_copy_only=False).astype(bool)
-    return _floats(col, what) != 0
+    values = _floats(col, what)
+    bad = (values != 0) & (values != 1)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise AuditInputError(f"column {what} must be 0/1 or true/false per row; row {first} (0-based) has "
+                              f"{values[first]:g} ({int(bad.sum())} rows are neither): is it a rate or a score?")
+    return values == 1
+
+
+def _anchor_ids(col: pa.ChunkedArray, what: str) -> np.ndarray:
+    """Anchor codes: ids as :func:`_ids` reads them, or any other value (an image as nested lists, bytes)
+    by the SHA-256 of its canonical JSON, so equal observations get equal codes."""
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_large_string(t) \
+            or pa.types.is_dictionary(t):
+        return _ids(col, what)[0]
+    import hashlib
+    import json
+
+    _nulls(col, what)
+    digests = [hashlib.sha256(json.dumps(v, sort_keys=True, default=repr).encode()).hexdigest()
+               for v in col.to_pylist()]
+    return _ids(pa.chunked_array([pa.array(digests)]), what)[0]
 
 
 def label_of(x: object) -> object:

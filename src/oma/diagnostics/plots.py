@@ -59,11 +59,13 @@ def mass_share_bars(r: AuditReport, path: Path) -> None:
     s = np.array([r.accountings[n].mass_share_success for n in names])
     f = np.array([r.accountings[n].mass_share_failure for n in names])
     lo = np.array([r.accountings[n].mass_share_longest10 for n in names])
-    ax.bar(x, s, color=SUCCESS_COLOR, label="successes")
-    ax.bar(x, f, bottom=s, color=FAILURE_COLOR, label="failures")
-    ax.scatter(x, lo, marker="D", color="black", zorder=3, label="longest 10%")
+    ax.bar(x - 0.12, s, width=0.6, color=SUCCESS_COLOR, label="successes")
+    ax.bar(x - 0.12, f, width=0.6, bottom=s, color=FAILURE_COLOR, label="failures")
+    # its own thin bar beside the outcome bar: the longest trajectories are mostly failures, and a marker on the
+    # stacked bar would sit in whichever segment its height happens to reach
+    ax.bar(x + 0.3, lo, width=0.16, color="black", label="longest 10% of trajectories")
     for xi, si in zip(x, s, strict=True):
-        ax.text(xi, si / 2, f"{100 * si:.0f}%", ha="center", va="center", color="white", fontsize=9)
+        ax.text(xi - 0.12, si / 2, f"{100 * si:.0f}%", ha="center", va="center", color="white", fontsize=9)
     ax.set_xticks(x, [n.replace("+", "\n") for n in names])
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of objective mass")
@@ -89,10 +91,23 @@ def mass_share_over_iterations(items: list[tuple[int, AuditReport]], path: Path)
     """Mass share of successes per accounting across a run's iterations."""
     fig = _figure()
     ax = fig.add_subplot()
+    from matplotlib.ticker import MaxNLocator
+
     its = [it for it, _ in items]
+    # The mass share does not depend on the outcome accounting, so accountings that differ only there draw
+    # the same line: draw each distinct line once, labelled with every accounting it stands for.
+    drawn: list[tuple[list[float], list[str], str]] = []
     for name, color in ACC_COLORS.items():
-        ax.plot(its, [r.accountings[name].mass_share_success for _, r in items], marker="o", color=color, label=name)
+        share = [r.accountings[name].mass_share_success for _, r in items]
+        same = next((d for d in drawn if np.allclose(d[0], share, rtol=0, atol=1e-12)), None)
+        if same is None:
+            drawn.append((share, [name], color))
+        else:
+            same[1].append(name)
+    for share, names, color in drawn:
+        ax.plot(its, share, marker="o", color=color, label=" = ".join(names))
     ax.plot(its, [r.successes / r.trajectories for _, r in items], ls="--", color="black", label="success rate")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1)
     ax.set_xlabel("iteration")
     ax.set_ylabel("mass share of successes")

@@ -384,6 +384,7 @@ def iterations_section(items: list[tuple[int, AuditReport]]) -> Section:
 def render_terminal(r: AuditReport | None, console, extra: list[Section] | None = None) -> None:
     """Print rich tables and the verdict to ``console`` (a ``rich.console.Console``)."""
     from rich import box
+    from rich.measure import Measurement
     from rich.panel import Panel
     from rich.table import Table
 
@@ -393,11 +394,19 @@ def render_terminal(r: AuditReport | None, console, extra: list[Section] | None 
         secs += sections(r)
     for sec in secs:
         table = Table(title=sec.title, box=box.SIMPLE_HEAD, title_justify="left")
-        for i, h in enumerate(sec.headers):
-            table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+        # A column is never narrower than its longest value (numbers are not broken across lines; headers
+        # may be) or than 5 characters (a header folds at word length); a table that cannot fit so is printed
+        # wider than the console: rich would otherwise drop its last columns.
+        widths = [max(5, *(len(row[i]) for row in sec.rows)) for i in range(len(sec.headers))]
+        for i, (h, w) in enumerate(zip(sec.headers, widths, strict=True)):
+            table.add_column(h, justify="left" if i == 0 else "right", overflow="fold", min_width=w)
         for row in sec.rows:
             table.add_row(*row)
+        need = Measurement.get(console, console.options.update(max_width=10_000), table).minimum
+        width = console.width
+        console.width = max(width, need)  # print() caps its own width at the console's
         console.print(table)
+        console.width = width
         if sec.note:
             console.print(sec.note)
     if r is not None:
