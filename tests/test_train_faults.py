@@ -113,13 +113,19 @@ def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
 
 def test_sigint_is_one_line_and_the_run_resumes(tmp_path):
     out = tmp_path / "r"
-    cmd = [sys.executable, "-m", "oma.cli", "train", *FAST, "iterations=400", "checkpoint_every=1", f"out_dir={out}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not (out / "checkpoints" / "latest").is_file() and time.time() < deadline:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    cmd = [sys.executable, "-m", "oma.cli", "train", *FAST, "iterations=5000", "checkpoint_every=1", f"out_dir={out}"]
+    # a shell that starts jobs in the background makes them ignore SIGINT; Ctrl-C in a terminal does not
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 60
+        while not (out / "checkpoints" / "latest").is_file() and time.time() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert proc.returncode == 130
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "--resume" in err
     done = int((out / "checkpoints" / "latest").read_text().strip().removeprefix("iter_"))
