@@ -90,7 +90,7 @@ def test_all_never_breaks_a_number_across_lines(tmp_path):
 
 def _captured(monkeypatch):
     figs = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig))
+    monkeypatch.setattr(plots, "save_png", lambda fig, path: figs.append(fig))
     return figs
 
 

@@ -19,7 +19,8 @@ ACC_COLORS = {
 }
 
 
-def _figure(width: float = 6.4, height: float = 4.0):
+def figure(width: float = 6.4, height: float = 4.0):
+    """A matplotlib Figure on an Agg canvas (no pyplot global state), for every PNG oma writes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -28,14 +29,15 @@ def _figure(width: float = 6.4, height: float = 4.0):
     return fig
 
 
-def _save(fig, path: Path) -> None:
+def save_png(fig, path: Path) -> None:
+    """Lay ``fig`` out and write it to ``path`` as PNG."""
     fig.tight_layout()
     fig.savefig(path, format="png")
 
 
 def rows_histogram(r: AuditReport, path: Path) -> None:
     """Rows per trajectory, successes and failures overlaid."""
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     k = np.asarray(r.traj_rows)
     top = int(k.max())
@@ -47,12 +49,12 @@ def rows_histogram(r: AuditReport, path: Path) -> None:
     ax.set_ylabel("trajectories")
     ax.set_title("Rows per trajectory by outcome")
     ax.legend()
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def mass_share_bars(r: AuditReport, path: Path) -> None:
     """Objective-mass share of successes / failures per accounting, longest 10% as a marker."""
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     names = list(r.accountings)
     x = np.arange(len(names))
@@ -71,12 +73,12 @@ def mass_share_bars(r: AuditReport, path: Path) -> None:
     ax.set_ylabel("share of objective mass")
     ax.set_title(f"Objective mass by outcome ({r.reducer}; aligned = {r.aligned_mass})")
     ax.legend(loc="upper right", fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def mu_shift(r: AuditReport, path: Path) -> None:
     """Per-group μ_row − μ_traj against μ_traj."""
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     shift = r.mu_row - r.mu_traj
     ax.axhline(0.0, color="#999999", lw=0.8)
@@ -84,12 +86,12 @@ def mu_shift(r: AuditReport, path: Path) -> None:
     ax.set_xlabel("μ_traj (trajectory accounting)")
     ax.set_ylabel("μ_row − μ_traj")
     ax.set_title(f"Per-group baseline shift of row accounting (mean {shift.mean():+.3g})")
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def mass_share_over_iterations(items: list[tuple[int, AuditReport]], path: Path) -> None:
     """Mass share of successes per accounting across a run's iterations."""
-    fig = _figure()
+    fig = figure()
     ax = fig.add_subplot()
     from matplotlib.ticker import MaxNLocator
 
@@ -113,7 +115,7 @@ def mass_share_over_iterations(items: list[tuple[int, AuditReport]], path: Path)
     ax.set_ylabel("mass share of successes")
     ax.set_title("Objective mass of successes over iterations")
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def batch_plots(r: AuditReport, folder: Path) -> list[tuple[str, str]]:

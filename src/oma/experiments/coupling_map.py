@@ -216,9 +216,9 @@ def statements(m: dict[str, Any]) -> list[str]:
 
 def plot(m: dict[str, Any], path: Path) -> None:
     """Δ (OA+MA − row+native) against the measured expansion ratio, endpoint and nAUC, 95% CI bars."""
-    from oma.diagnostics.plots import _figure, _save
+    from oma.diagnostics.plots import figure, save_png
 
-    fig = _figure(10.0, 4.2)
+    fig = figure(10.0, 4.2)
     for j, metric in enumerate(("endpoint", "nAUC")):
         ax = fig.add_subplot(1, 2, j + 1)
         for name, e in m["settings"].items():
@@ -235,7 +235,7 @@ def plot(m: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(f"Δ {metric}, OA+MA − row+native")
         ax.set_title(f"{metric} (filled: 95% CI excludes 0)")
     fig.suptitle("The tabular coupling map: GRPO (blue), GiGPO (red), GSPO (green)", fontsize=10)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def to_json(m: dict[str, Any], wall: float) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oma.diagnostics.plots import ACC_COLORS, _figure, _save
+from oma.diagnostics.plots import ACC_COLORS, figure, save_png
 from oma.experiments.stats import Estimate
 from oma.experiments.variants import VARIANTS
 
@@ -22,7 +22,7 @@ def success_curves(curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, i
 
     ``curves[variant] = (iterations, mean, half_width, n_seeds)``; a NaN half-width draws no band.
     """
-    fig = _figure(7.0, 4.2)
+    fig = figure(7.0, 4.2)
     ax = fig.add_subplot()
     for name, (x, mean, hw, n) in curves.items():
         c = color(name)
@@ -35,13 +35,13 @@ def success_curves(curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, i
     ax.set_ylabel(ylabel)
     ax.set_title(f"Success curves, mean and 95% CI over seeds (horizon {horizon})")
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def metric_bars(estimates: dict[str, Estimate], per_seed: dict[str, list[float]], title: str, ylabel: str,
                 path: Path) -> None:
     """One bar per variant (mean over seeds) with 95% CI error bars and the per-seed values as dots."""
-    fig = _figure(6.4, 4.0)
+    fig = figure(6.4, 4.0)
     ax = fig.add_subplot()
     names = list(estimates)
     x = np.arange(len(names))
@@ -56,13 +56,13 @@ def metric_bars(estimates: dict[str, Estimate], per_seed: dict[str, list[float]]
     ax.set_ylim(0, max(1.0, float(np.nanmax(means + err)) if len(names) else 1.0) * 1.02)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    _save(fig, path)
+    save_png(fig, path)
 
 
 def paired_differences(diffs: dict[str, dict[str, Estimate]], path: Path) -> None:
     """Paired differences to the baseline (mean and 95% CI) of each metric, one panel per metric."""
     metrics = list(next(iter(diffs.values())).keys()) if diffs else []
-    fig = _figure(7.0, 1.2 + 0.5 * max(len(diffs), 1) * max(len(metrics), 1))
+    fig = figure(7.0, 1.2 + 0.5 * max(len(diffs), 1) * max(len(metrics), 1))
     for j, metric in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), j + 1)
         names = list(diffs)
@@ -78,4 +78,4 @@ def paired_differences(diffs: dict[str, dict[str, Estimate]], path: Path) -> Non
         ax.set_ylim(-0.7, len(names) - 0.3)
     if metrics:
         fig.suptitle("Paired differences, mean and 95% CI over seeds (filled = CI excludes 0)", fontsize=10)
-    _save(fig, path)
+    save_png(fig, path)
