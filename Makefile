@@ -16,7 +16,7 @@ $(BIN)/oma-installed: pyproject.toml
 install: $(BIN)/oma-installed
 
 test: install
-	$(BIN)/python -m pytest -q
+	OMA_TESTS_NEED_VERL=1 $(BIN)/python -m pytest -q
 
 # The default job (`oma train` with no arguments = configs/household-gigpo-oma.yaml): household, GiGPO with
 # OA + MA, tiny model, warm start included (cached after the first run).

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 
 def session_batch(rows_per_traj: list[list[int]], scores: list[list[float]], *, length: int = 4, seed: int = 0):
@@ -48,3 +50,28 @@ def test_session_batch_keys_round_trip():
     ids = parse_session_keys(keys)
     assert torch.equal(ids.group_index, g) and torch.equal(ids.traj_index, t) and torch.equal(ids.step_index, s)
     assert rewards.sum(-1).tolist() == [1.0, 1.0, 0.0, 5.0, 5.0, 5.0] and bool(mask.any(-1).all())
+
+
+def random_rows(rows=40, length=6, groups=6, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    g = torch.arange(rows) % groups  # every group has >= 2 rows
+    mask = torch.rand(rows, length, generator=gen) < 0.8
+    mask[:, 0] = True
+    rewards = torch.zeros(rows, length)
+    rewards[torch.arange(rows), length - 1] = torch.randint(0, 3, (rows,), generator=gen).float()
+    uid = np.array([f"uid-{int(x)}" for x in g], dtype=object)
+    return rewards, mask.float(), uid
+
+
+def trainer_config(**actor):
+    base = {
+        "algorithm": {"adv_estimator": "oma_grpo", "use_kl_in_reward": False, "kl_penalty": "kl", "oma": {}},
+        "actor_rollout_ref": {
+            "actor": {"loss_agg_mode": "token-sum", "ppo_mini_batch_size": 2, "shuffle": False, "use_kl_loss": False,
+                      "entropy_coeff": 0.0, "policy_loss": {"loss_mode": "vanilla"}, "loss_scale_factor": None},
+            "rollout": {"n": 4},
+        },
+        "trainer": {"v1": {"trainer_mode": "oma_sync"}},
+    }
+    base["actor_rollout_ref"]["actor"].update(actor)
+    return OmegaConf.create(base)

@@ -29,63 +29,7 @@ from verl.trainer.ppo import core_algos  # noqa: F401  (registers oma's estimato
 from verl.utils import tensordict_utils as tu
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-from test_verl_support import session_batch
-
-
-def test_parse_session_keys():
-    ids = parse_session_keys(["a_b_0", "a_b_1", "my_uid_1_0", "a_c_0", "my_uid_0_3"])
-    assert ids.uids == ["a", "a", "my_uid", "a", "my_uid"]
-    assert ids.sessions == ["a_b", "a_b", "my_uid_1", "a_c", "my_uid_0"]
-    assert ids.group_index.tolist() == [0, 0, 1, 0, 1]
-    assert ids.traj_index.tolist() == [0, 0, 1, 2, 3]
-    assert ids.step_index.tolist() == [0, 1, 0, 0, 3]
-    with pytest.raises(ValueError, match="uid"):
-        parse_session_keys(["nounderscore"])
-    with pytest.raises(ValueError, match="duplicated"):
-        parse_session_keys(["a_0_1", "a_0_1"])
-
-
-def _config(**actor):
-    base = {
-        "algorithm": {"adv_estimator": "oma_grpo", "use_kl_in_reward": False, "kl_penalty": "kl", "oma": {}},
-        "actor_rollout_ref": {
-            "actor": {"loss_agg_mode": "token-sum", "ppo_mini_batch_size": 2, "shuffle": False, "use_kl_loss": False,
-                      "entropy_coeff": 0.0, "policy_loss": {"loss_mode": "vanilla"}, "loss_scale_factor": None},
-            "rollout": {"n": 4},
-        },
-        "trainer": {"v1": {"trainer_mode": "oma_sync"}},
-    }
-    base["actor_rollout_ref"]["actor"].update(actor)
-    return OmegaConf.create(base)
-
-
-def test_worked_example_gives_oma_core_values():
-    """DESIGN §3.5 (4 successes × 10 rows, 4 failures × 50 rows) plus a second group, by session keys."""
-    keys, rewards, mask, g, t, _ = session_batch([[10] * 4 + [50] * 4, [3, 7, 7, 1]], [[10] * 4 + [0] * 4, [1, 0, 1, 1]])
-    out = compute_oma_batch(rewards, mask, keys, _config().algorithm)
-    per_row = out.advantages[torch.arange(len(keys)), mask.float().argmax(-1)]
-    assert per_row[:40].tolist() == pytest.approx([0.9354] * 40, abs=1e-4)
-    assert per_row[40:240].tolist() == pytest.approx([-0.9354] * 200, abs=1e-4)
-    expected_adv = core.outcome_advantages(rewards.sum(-1).double(), g, t)
-    torch.testing.assert_close(out.advantages, (expected_adv.unsqueeze(-1) * mask).float())
-    expected_w = core.token_weights(mask, g, t, reducer="token-mean", mass="uniform")
-    torch.testing.assert_close(out.weights, expected_w)
-    torch.testing.assert_close(out.weighted_advantages, (expected_adv.unsqueeze(-1) * expected_w).float())
-    mass = core.implicit_mass(mask, g, t, reducer="token-mean", mass="uniform")
-    torch.testing.assert_close(mass, torch.full((12,), 1 / 12, dtype=torch.float64))
-    assert out.metrics["oma/trajectories"] == 12 and out.metrics["oma/optimizer_steps"] == 1
-
-
-def test_weights_are_computed_per_minibatch():
-    keys, rewards, mask, g, t, _ = session_batch([[2, 3, 1, 2], [1, 3, 2, 2]], [[1, 0, 0, 1], [0, 1, 1, 0]])
-    cfg = _config().algorithm
-    cfg.oma.reducer = "seq-mean-token-mean"
-    cfg.oma.mass = "group"
-    out = compute_oma_batch(rewards, mask, keys, cfg, dp_size=2, mini_batch_rows=8)
-    assert len(out.minibatches) == 2
-    for idx in out.minibatches:
-        torch.testing.assert_close(out.weights[idx], core.token_weights(mask[idx], g[idx], t[idx], reducer="seq-mean-token-mean", mass="group"))
-        assert float(out.weights[idx].sum()) == pytest.approx(1.0)  # each optimizer step: total mass 1
+from test_verl_support import session_batch, trainer_config
 
 
 def test_minibatch_rows_matches_verls_dispatch_and_iterator():
@@ -118,40 +62,6 @@ def test_trajectory_minibatch_order_keeps_trajectories_whole():
     split = [s for s in real if sum(s in mb for mb in sessions_per_mb) > 1]
     assert len(split) <= len(sessions_per_mb) - 1  # cut only at mini-batch boundaries
     assert all(k.startswith("pad") for k in (new_keys[i] for i in minibatch_rows(len(keys), dp, mini)[-1].tolist()[-2:]))
-
-
-def test_check_trainer_config_accepts_the_supported_setup():
-    opts = check_trainer_config(_config())
-    assert opts.accounting == "trajectory" and opts.mass == "uniform"
-    check_trainer_config(_config(policy_loss={"loss_mode": "gspo"}))
-
-
-@pytest.mark.parametrize(
-    "change,match",
-    [
-        ({"loss_agg_mode": "token-mean"}, "token-sum"),
-        ({"policy_loss": {"loss_mode": "dppo_tv"}}, "loss_mode"),
-        ({"policy_loss": {"loss_mode": "clip_cov"}}, "loss_mode"),
-        ({"policy_loss": {"loss_mode": "bypass_mode"}}, "loss_mode"),
-        ({"use_kl_loss": True}, "use_kl_in_reward"),
-        ({"entropy_coeff": 0.01}, "entropy"),
-        ({"shuffle": True}, "shuffle"),
-    ],
-)
-def test_check_trainer_config_refuses_inexact_combinations(change, match):
-    with pytest.raises(UnsupportedConfigError, match=match):
-        check_trainer_config(_config(**change))
-
-
-def test_check_trainer_config_refuses_non_oma_estimator_and_pf_ppo():
-    cfg = _config()
-    cfg.algorithm.adv_estimator = "grpo"
-    with pytest.raises(UnsupportedConfigError, match="adv_estimator"):
-        check_trainer_config(cfg)
-    cfg = _config()
-    cfg.algorithm.use_pf_ppo = True
-    with pytest.raises(UnsupportedConfigError, match="pf_ppo"):
-        check_trainer_config(cfg)
 
 
 # --------------------------------------------------------------- the mixin over a stand-in trainer
@@ -223,7 +133,7 @@ def test_mixin_computes_oma_advantages_from_session_keys(estimator):
     tq = _TQ(rows)
     shuffled = torch.randperm(len(keys), generator=torch.Generator().manual_seed(1)).tolist()
     meta = _Meta([keys[i] for i in shuffled], [{"seq_len": 50 + i, "is_padding": keys[i].startswith("pad")} for i in shuffled])
-    cfg = _config(ppo_mini_batch_size=2)  # 2 prompts × n=4 → 8 rows per mini-batch
+    cfg = trainer_config(ppo_mini_batch_size=2)  # 2 prompts × n=4 → 8 rows per mini-batch
     cfg.algorithm.adv_estimator = estimator
     trainer = _trainer(cfg, tq)
     assert trainer.trainer_mode == "sync" and trainer._oma_trainer_name == "oma_sync"
@@ -269,7 +179,7 @@ def test_mixin_computes_oma_advantages_from_session_keys(estimator):
 
 def test_mixin_refuses_unsupported_config_before_building_anything():
     with pytest.raises(UnsupportedConfigError, match="token-sum"):
-        _trainer(_config(loss_agg_mode="seq-mean-token-mean"), _TQ({}))
+        _trainer(trainer_config(loss_agg_mode="seq-mean-token-mean"), _TQ({}))
 
 
 def test_example_alfworld_config_composes_and_passes_checks(monkeypatch):
@@ -304,7 +214,7 @@ def test_trainer_side_gigpo_anchors_on_prompts_and_equals_oma_core():
     prompts = [torch.tensor([7, 7, int(step) % 2]) for step in s]  # two distinct contexts per group
     anchor = prompt_anchor_ids(prompts)
     assert anchor.unique().numel() == 2 and torch.equal(anchor, prompt_anchor_ids([p.tolist() for p in prompts]))
-    cfg = _config().algorithm
+    cfg = trainer_config().algorithm
     cfg.adv_estimator = "oma_gigpo"
     cfg.oma.gamma = 0.9
     out = compute_oma_batch(rewards, mask, keys, cfg, anchor=anchor)

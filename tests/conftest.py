@@ -1,0 +1,18 @@
+"""Test collection: the modules that test oma against verl itself need the `oma-rl[verl]` extra.
+
+Without verl they are left out of collection (a `pip install -e ".[dev]"` user gets the rest of the
+suite, including oma's verl-free integration tests in test_verl_oma_side.py). `make test`, the
+command CI runs, sets OMA_TESTS_NEED_VERL=1, so there a missing verl is an error, never a quiet
+omission.
+"""
+
+import importlib.util
+import os
+
+VERL_MODULES = ["test_core_vs_verl.py", "test_verl_estimators.py", "test_verl_loss.py", "test_verl_trainer.py", "test_verl_plugin.py"]
+
+collect_ignore = []
+if importlib.util.find_spec("verl") is None:
+    if os.environ.get("OMA_TESTS_NEED_VERL"):
+        raise RuntimeError("OMA_TESTS_NEED_VERL is set but verl is not installed: pip install -e '.[verl]'")
+    collect_ignore = VERL_MODULES
