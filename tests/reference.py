@@ -1,4 +1,4 @@
-"""Naive per-row reference implementations (plain Python loops over dicts), written from DESIGN §3.
+"""Naive per-row reference implementations (plain Python loops over dicts), written from docs/math.md.
 
 They share no code with oma.core: an equivalence test between the two can only pass if both
 read the math the same way.

@@ -13,7 +13,7 @@ from oma.diagnostics import batch_path, read_batch, run_batches, write_batch
 
 
 def worked_example_batch(tokens_per_row: int = 4, fail_rows: int = 50) -> dict:
-    """DESIGN §3.5 as trainer tensors; failures run `fail_rows` steps."""
+    """docs/math.md#worked-example as trainer tensors; failures run `fail_rows` steps."""
     k = torch.tensor([10] * 4 + [fail_rows] * 4)
     traj = torch.repeat_interleave(torch.arange(8) + 100, k)
     step = torch.cat([torch.arange(int(n)) for n in k])

@@ -1,4 +1,4 @@
-"""`oma audit` on the DESIGN §3.5 worked example (tests/fixtures/audit/worked_example.jsonl), every figure by hand.
+"""`oma audit` on the docs/math.md#worked-example worked example (tests/fixtures/audit/worked_example.jsonl), every figure by hand.
 
 One group, 8 trajectories: 4 successes (R = 10, 10 rows) and 4 failures (R = 0, 50 rows), 4 tokens
 per row (240 rows, 960 tokens).
@@ -128,7 +128,7 @@ def test_net_push(doc):
 
 def test_direction_split(doc):
     """Per-token coefficients c = W·A. Against row+native ∝ (success, failure) = (5, −1) per token:
-    trajectory+aligned ∝ (5, −1) too (DESIGN §3.5 note: same direction, different scale);
+    trajectory+aligned ∝ (5, −1) too (docs/math.md#worked-example note: same direction, different scale);
     trajectory+native ∝ (1, −1) → cos = 400/√(1200·240) = √5/3; row+aligned ∝ (25, −1) →
     cos = 5200/√(1200·25200) = 13/(3√21). One group, so the between-group cosine is 1."""
     split = doc["direction_split"]

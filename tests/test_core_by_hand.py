@@ -1,4 +1,4 @@
-"""oma.core on small cases written out as arithmetic (DESIGN §3.5 and friends)."""
+"""oma.core on small cases written out as arithmetic (docs/math.md#worked-example and friends)."""
 
 import math
 
@@ -77,7 +77,7 @@ def test_worked_example_masses_and_net_push():
 
 
 def test_worked_example_same_direction_different_scale():
-    """DESIGN §3.5 note: row+native and trajectory+aligned give success:failure token coefficient 5:1."""
+    """docs/math.md#worked-example note: row+native and trajectory+aligned give success:failure token coefficient 5:1."""
     scores, group, traj, mask = worked_example()
     for acc, mass in (("row", "native"), ("trajectory", "uniform")):
         coef = outcome_advantages(scores, group, traj, accounting=acc) * token_weights(mask, group, traj, mass=mass)[:, 0]

@@ -1,4 +1,4 @@
-"""The text-environment contract, checked on every built-in environment (DESIGN §7)."""
+"""The text-environment contract, checked on every built-in environment (docs/training.md)."""
 
 from __future__ import annotations
 

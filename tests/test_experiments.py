@@ -1,4 +1,4 @@
-"""`oma compare` and `oma report` (DESIGN §8): a tiny smoke run, resume, a hand-made directory, bad arguments."""
+"""`oma compare` and `oma report` (docs/experiments.md#the-metrics): a tiny smoke run, resume, a hand-made directory, bad arguments."""
 
 import json
 import math

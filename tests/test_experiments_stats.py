@@ -1,4 +1,4 @@
-"""oma.experiments.stats: Student-t quantiles, endpoint, nAUC, CIs and paired differences by hand (DESIGN §8)."""
+"""oma.experiments.stats: Student-t quantiles, endpoint, nAUC, CIs and paired differences by hand (docs/experiments.md#the-metrics)."""
 
 import math
 

@@ -46,7 +46,7 @@ def test_singleton_group_differs_from_verl_by_design():
     mask = torch.ones(1, 2)
     ours, _ = ESTIMATOR_FUNCTIONS["oma_grpo"](rewards, mask, np.array(["a"], dtype=object), {"oma": {"accounting": "row", "mass": "native"}})
     ref, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["a"], dtype=object))
-    assert float(ours.abs().sum()) == 0.0 and float(ref.abs().sum()) > 0.0  # oma: 0 (DESIGN §3.1); verl: s/(1+ε)
+    assert float(ours.abs().sum()) == 0.0 and float(ref.abs().sum()) > 0.0  # oma: 0 (docs/math.md#outcome-statistics-and-advantages-outcome-alignment); verl: s/(1+ε)
 
 
 def test_trajectory_accounting_with_traj_uid_equals_oma_core():
@@ -58,7 +58,7 @@ def test_trajectory_accounting_with_traj_uid_equals_oma_core():
     )
     expected = core.outcome_advantages(rewards.sum(-1).double(), g, t).float()
     torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask.float())
-    assert abs(float(adv[0, 0]) - 0.9354) < 1e-4  # DESIGN §3.5: ±0.9354 under trajectory accounting
+    assert abs(float(adv[0, 0]) - 0.9354) < 1e-4  # docs/math.md#worked-example: ±0.9354 under trajectory accounting
 
 
 def test_oma_gigpo_with_anchor_obs_equals_oma_core():

@@ -35,7 +35,7 @@ def test_parse_session_keys():
 
 
 def test_worked_example_gives_oma_core_values():
-    """DESIGN §3.5 (4 successes × 10 rows, 4 failures × 50 rows) plus a second group, by session keys."""
+    """docs/math.md#worked-example (4 successes × 10 rows, 4 failures × 50 rows) plus a second group, by session keys."""
     keys, rewards, mask, g, t, _ = session_batch([[10] * 4 + [50] * 4, [3, 7, 7, 1]], [[10] * 4 + [0] * 4, [1, 0, 1, 1]])
     out = compute_oma_batch(rewards, mask, keys, trainer_config().algorithm)
     per_row = out.advantages[torch.arange(len(keys)), mask.float().argmax(-1)]

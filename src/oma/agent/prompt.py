@@ -1,4 +1,4 @@
-"""The step prompt and the projection of model text to an environment action (DESIGN §7).
+"""The step prompt and the projection of model text to an environment action (docs/training.md).
 
 As in verl-agent's ALFWorld/WebShop prompts, each step's prompt holds the task, a window of the
 last ``history_length`` (observation, action) pairs, the current observation and the admissible

@@ -1,7 +1,7 @@
 """Stepwise rollout: G task seeds × n episodes, batched generation across active episodes, one row
-per agent step (DESIGN §7).
+per agent step (docs/training.md).
 
-Finished episodes stop producing rows. Each row records the ids DESIGN §2 asks for
+Finished episodes stop producing rows. Each row records the ids docs/math.md#the-batch asks for
 (``group_index``, ``traj_index``, ``step_index``, ``anchor``) so that advantages and weights come
 from :mod:`oma.core` alone.
 """

@@ -1,4 +1,4 @@
-"""oma.core: the pure math of Outcome-Mass Alignment (DESIGN §3–§4).
+"""oma.core: the pure math of Outcome-Mass Alignment (docs/math.md).
 
 Pure functions over torch tensors plus integer id arrays; no config, logging or state.
 """

@@ -4,9 +4,9 @@ Stepwise agent RL (verl-agent, ROLL, SkyRL step-wise, rLLM) trains on one *row* 
 a trajectory τ of K_τ steps contributes K_τ rows, each stamped with the episode outcome R_τ.
 Group statistics over rows count each outcome K_τ times ("row" accounting, verl's default).
 Outcome Alignment computes them over unique trajectories instead ("trajectory" accounting).
-Reference: Zhang et al., "Outcome-Mass Alignment", arXiv 2611.16816 (2026); DESIGN §3.1.
+Reference: Zhang et al., "Outcome-Mass Alignment", arXiv 2611.16816 (2026); docs/math.md#outcome-statistics-and-advantages-outcome-alignment.
 
-Conventions (DESIGN §3.1): std is unbiased (Bessel); a group with a single member (row or
+Conventions (docs/math.md#outcome-statistics-and-advantages-outcome-alignment): std is unbiased (Bessel); a group with a single member (row or
 trajectory, per accounting) or with zero spread gives advantage exactly 0.
 """
 
@@ -114,12 +114,12 @@ def _check_scores(scores: Tensor, group_index: Tensor) -> Tensor:
 def group_outcome_stats(
     scores: Tensor, group_index: Tensor, traj_index: Tensor, *, accounting: Accounting = "trajectory"
 ) -> GroupOutcomeStats:
-    """μ_g, σ_g and member counts of every group under ``accounting`` (DESIGN §3.1).
+    """μ_g, σ_g and member counts of every group under ``accounting`` (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
     row accounting:        μ_g = Σ_{r∈g} s_r / |rows of g|,   σ_g = std over rows of g.
     trajectory accounting: μ_g = Σ_{τ∈𝒯_g} R_τ / |𝒯_g|,       σ_g = std over trajectories of g.
 
-    The two coincide when every trajectory of g has the same number of rows (DESIGN §3.4.4).
+    The two coincide when every trajectory of g has the same number of rows (docs/math.md#invariances (4)).
     """
     check_option("accounting", accounting, ACCOUNTINGS)
     scores = _check_scores(scores, group_index)
@@ -146,7 +146,7 @@ def outcome_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
 ) -> Tensor:
-    r"""Episode-level group-relative advantage of every row, A[R] (DESIGN §3.1).
+    r"""Episode-level group-relative advantage of every row, A[R] (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
     With μ_g, σ_g from :func:`group_outcome_stats` under ``accounting``:
 
@@ -257,7 +257,7 @@ def gigpo_advantages(
     step_advantage_w: float = 1.0,
     eps: float = 1e-6,
 ) -> Tensor:
-    r"""GiGPO advantage A_r = A^E_τ + ω·A^S_r (Feng et al. 2025, arXiv 2505.10978; DESIGN §3.1).
+    r"""GiGPO advantage A_r = A^E_τ + ω·A^S_r (Feng et al. 2025, arXiv 2505.10978; docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
     * A^E_τ: the episode term, :func:`outcome_advantages` with ``estimator="grpo"``; Outcome
       Alignment applies here through ``accounting``.

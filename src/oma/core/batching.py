@@ -9,7 +9,7 @@ split of its rows::
         loss.backward()                                      # Σ over micro-batches = full loss
 
 Because loss = Σ W·ℓ is linear in its rows, the summed micro-batch losses and gradients equal the
-mini-batch's for any split (DESIGN §3.4.2); nothing is re-normalised per micro-batch.
+mini-batch's for any split (docs/math.md#invariances (2)); nothing is re-normalised per micro-batch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-r"""Per-token objectives ℓ[R, L] of the optimizers OMA wraps (DESIGN §3.2).
+r"""Per-token objectives ℓ[R, L] of the optimizers OMA wraps (docs/math.md#token-objectives-unchanged-by-oma).
 
 OMA never changes these: importance ratios, clipping and credit assignment stay the optimizer's
 own. They are per-token values; the scalar is made in one place, :func:`oma.core.weighted_loss`,
@@ -63,7 +63,7 @@ def token_objective(
     clip_high: float = 0.28,
     clip_ratio_c: float | None = None,
 ) -> Tensor:
-    r"""Per-token policy loss ℓ[R, L] (to be minimised), DESIGN §3.2.
+    r"""Per-token policy loss ℓ[R, L] (to be minimised), docs/math.md#token-objectives-unchanged-by-oma.
 
     ``ppo``:  ρ = exp(logp − logp_old),        ℓ = −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)·A).
     ``gspo``: s_r = exp(mean_{t valid}(logp − logp_old)),  ρ̃ = sg(s_r)·exp(logp − sg(logp)),

@@ -1,4 +1,4 @@
-r"""Reducers as per-token weights, implicit trajectory mass, and Mass Alignment (MA). DESIGN §3.3.
+r"""Reducers as per-token weights, implicit trajectory mass, and Mass Alignment (MA). docs/math.md#mass-alignment.
 
 Every reducer that turns ℓ[R, L] into a scalar is linear in ℓ, so it *is* a weight tensor:
 loss = Σ_{r,l} W[r, l]·ℓ[r, l]. Writing it that way makes each trajectory's share of the objective
@@ -104,7 +104,7 @@ def token_weights(
     mass: Mass = "uniform",
     loss_scale_factor: float | None = None,
 ) -> Tensor:
-    r"""Per-token weights W[R, L] with loss = Σ W·ℓ (float64). DESIGN §3.3.
+    r"""Per-token weights W[R, L] with loss = Σ W·ℓ (float64). docs/math.md#mass-alignment.
 
     Each reducer is u_r·m[r, l] / D: u_r the within-row factor (1/n_r for seq-mean-token-mean,
     1/L_norm for seq-mean-token-sum-norm, else 1), D the reducer's normaliser (M tokens for
@@ -115,7 +115,7 @@ def token_weights(
       W = w_τ·u_r·m / D_τ, so loss = Σ_τ w_τ·J_τ with J_τ the native reducer on τ's rows.
 
     Special cases: with equal rows and tokens per trajectory, aligned = native for the mean
-    reducers (DESIGN §3.4.4). Rows with no trainable token get weight 0 and never a division by
+    reducers (docs/math.md#invariances (4)). Rows with no trainable token get weight 0 and never a division by
     zero; trajectories with no trainable token get no mass (targets are over the others).
 
     Invariant to row order (W permutes with the rows), to padding columns (except

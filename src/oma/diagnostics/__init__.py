@@ -1,4 +1,4 @@
-"""oma.diagnostics: the implicit-weighting audit of stepwise rollout batches (DESIGN §6, docs/audit.md).
+"""oma.diagnostics: the implicit-weighting audit of stepwise rollout batches (docs/audit.md).
 
 * :func:`audit` — every figure of one batch under row/trajectory × native/aligned accounting,
   as an :class:`AuditReport` (math from :mod:`oma.core`).

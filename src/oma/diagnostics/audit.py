@@ -1,4 +1,4 @@
-r"""The implicit-weighting audit of a stepwise rollout batch (DESIGN §6; docs/audit.md).
+r"""The implicit-weighting audit of a stepwise rollout batch (docs/audit.md).
 
 Given one batch (rows = agent steps, grouped into trajectories and groups), :func:`audit` reports
 how much each outcome, length and group weighs in the update under the four accountings
@@ -123,7 +123,7 @@ class DirectionSplit:
 
 @dataclass(frozen=True)
 class AuditReport:
-    """Everything :func:`audit` finds in one batch (DESIGN §6). Floats are NaN where undefined.
+    """Everything :func:`audit` finds in one batch (docs/audit.md). Floats are NaN where undefined.
 
     Batch:
         source: where the batch came from (a path, or None).
@@ -317,7 +317,7 @@ def audit(
     traj_labels: np.ndarray | None = None,
     source: str | None = None,
 ) -> AuditReport:
-    r"""Audit the implicit trajectory weighting of one stepwise batch (DESIGN §6).
+    r"""Audit the implicit trajectory weighting of one stepwise batch (docs/audit.md).
 
     Args:
         scores: float [R], the episode outcome stamped on each row (R_τ = mean over τ's rows).

@@ -5,7 +5,7 @@
   tiny chain whose ``on_wrong`` option makes failures longer, shorter or as long as successes,
   for tabular studies). Everything it returns follows :class:`TextEnv`.
 * ``coupling(env_name, policy, seeds, **options)`` measures how episode length is coupled to
-  success under a scripted policy (DESIGN §3.5).
+  success under a scripted policy (docs/math.md#worked-example).
 
 See docs/envs.md.
 """

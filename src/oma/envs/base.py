@@ -1,6 +1,6 @@
 """The text-environment protocol and the episode bookkeeping shared by every environment.
 
-The protocol is what the trainer (DESIGN §7) relies on; anything with these four methods can be
+The protocol is what the trainer (docs/training.md) relies on; anything with these four methods can be
 trained on. :class:`EpisodeEnv` implements the parts every environment must get identically
 right (step cap, invalid actions as no-ops, errors after the end, the ``info`` keys), so that
 each environment only describes its world: how a task starts, which actions are admissible, what

@@ -1,9 +1,9 @@
 """Measuring expansion–outcome coupling: how episode length depends on success under a policy.
 
 OMA matters when the number of rows (steps) an episode expands into is coupled to its outcome
-(DESIGN §1, §3.5). :func:`coupling` rolls a policy out over many task instances and reports the
+(docs/math.md#worked-example). :func:`coupling` rolls a policy out over many task instances and reports the
 success rate, the step counts of successes and failures, and their ratio, the same figure as
-the audit's "mean K of failures / mean K of successes" (DESIGN §6).
+the audit's "mean K of failures / mean K of successes" (docs/audit.md).
 
 Policies are scripted stand-ins for agents of different skill: the environment's expert with
 probability ``1 - epsilon``, a uniformly random admissible action otherwise (``epsilon = 1`` is

@@ -6,7 +6,7 @@ The agent sees only the room it is in, or the receptacle it stands at, and carri
 Goals follow ALFWorld's six task types: put an object somewhere, put two, clean/heat/cool it
 first, or look at it under a lamp. Nothing ever ends an episode early except winning, so a
 policy that does not finish runs to the step cap: failures are long, successes short, which is
-the expansion–outcome coupling OMA is about (DESIGN §3.5).
+the expansion–outcome coupling OMA is about (docs/math.md#worked-example).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The instruction names a product type, attributes, option values and a price boun
 searches (choosing among a few offered queries), pages through ranked results, opens items,
 chooses options and buys. Buying ends the episode, right or wrong, so a careless policy fails
 *quickly*: most failures are shorter than successes, the weak or reversed expansion–outcome
-coupling of WebShop (DESIGN §3.5), unlike ``household``. ``reward="score"`` gives WebShop-style
+coupling of WebShop (docs/math.md#worked-example), unlike ``household``. ``reward="score"`` gives WebShop-style
 partial credit, so outcomes are not binary.
 """
 

@@ -1,4 +1,4 @@
-"""oma.experiments: matched-horizon comparisons of the accountings over seeds (DESIGN §8, docs/experiments.md).
+"""oma.experiments: matched-horizon comparisons of the accountings over seeds (docs/experiments.md).
 
 * ``oma compare CONFIG ... --variants 2x2 --seeds 3 --horizon H`` — :mod:`oma.experiments.compare`:
   row/trajectory × native/MA runs of one config, seeds 0..S−1, resumable, optionally parallel.

@@ -1,7 +1,7 @@
 """``oma compare CONFIG [key=value ...] --variants 2x2 --seeds 3 --horizon H [--out DIR] [--jobs N]``.
 
 Runs the accountings of a config (row/trajectory × native/MA, :mod:`oma.experiments.variants`)
-for seeds 0..S−1 at a matched horizon H (DESIGN §8) and writes the report of
+for seeds 0..S−1 at a matched horizon H (docs/experiments.md#the-metrics) and writes the report of
 :mod:`oma.experiments.report`. Layout (docs/experiments.md)::
 
     DIR/compare.json               the command, config, machine, per-run status and wall time
@@ -297,14 +297,14 @@ def _check_overrides(overrides: list[str]) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="oma compare", description="Run row/trajectory x native/MA accountings of a config over "
-                "seeds at a matched horizon and write a report with 95% CIs (DESIGN §8; docs/experiments.md).")
+                "seeds at a matched horizon and write a report with 95% CIs (docs/experiments.md).")
     p.add_argument("config", nargs="?", help="YAML preset (configs/*.yaml); defaults apply without one")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.group_size=4; the keys algo.accounting, "
                    "algo.mass, seed, iterations, out_dir and dump_batches are set by oma compare itself")
     p.add_argument("--variants", default="2x2", metavar="{2x2,2}",
                    help="2x2 (row+native, row+MA, OA+native, OA+MA; default) or 2 (row+native vs OA+MA)")
     p.add_argument("--seeds", type=int, default=3, metavar="S",
-                   help="seeds 0..S-1 per variant (default 3; DESIGN §8 wants >= 3)")
+                   help="seeds 0..S-1 per variant (default 3; docs/experiments.md#the-metrics wants >= 3)")
     p.add_argument("--horizon", type=int, default=None, metavar="H", help="matched horizon H = iterations of every run "
                    "(default: the config's iterations)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default runs/compare-<config name>); "

@@ -1,4 +1,4 @@
-"""``oma report DIR [--out FILE.md] [--horizon H]``: the report of an ``oma compare`` directory (DESIGN §8).
+"""``oma report DIR [--out FILE.md] [--horizon H]``: the report of an ``oma compare`` directory (docs/experiments.md#the-metrics).
 
 Reads ``DIR/compare.json`` and every run's ``metrics.jsonl`` and ``batches/``; writes
 ``DIR/report.md`` (or FILE.md), PNGs beside it and ``results.json`` (every number of the report).
@@ -256,7 +256,7 @@ def significance_statements(a: dict[str, Any]) -> list[str]:
         return [f"No paired difference could be computed (no seed where both {BASELINE} and another variant finished)."]
     if all(not math.isfinite(d.half_width) for *_, d, _ in tests):
         return [("With one seed per variant the 95% CIs are undefined: no difference can be called significant. "
-                "Run more seeds (DESIGN §8 asks for at least 3).")]
+                "Run more seeds (docs/experiments.md#the-metrics asks for at least 3).")]
     lines = [f"{v} has a significantly {'higher' if d.mean > 0 else 'lower'} {label} than {BASELINE}: paired "
              f"difference {_signed(d.mean)} (95% CI {_signed(d.lo)} to {_signed(d.hi)}, p = {d.p:.3f}, n={d.n} seeds)."
              for v, _, label, d, _ in tests if d.significant]
@@ -425,7 +425,7 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
     if doc.get("overrides"):
         on = f" on `{doc['config_path']}`" if doc.get("config_path") else ""
         out += ["Overrides: `" + " ".join(doc["overrides"]) + "`" + on, ""]
-    out += ["Definitions and how to read this report: docs/experiments.md (DESIGN §8).", ""]
+    out += ["Definitions and how to read this report: docs/experiments.md#the-metrics.", ""]
     return "\n".join(out)
 
 

@@ -1,4 +1,4 @@
-r"""The statistics of a comparison (DESIGN §8), as small pure functions on plain numbers.
+r"""The statistics of a comparison (docs/experiments.md#the-metrics), as small pure functions on plain numbers.
 
 * :func:`endpoint` — mean of the last 3 evaluations at iterations ≤ H.
 * :func:`nauc` — trapezoid area under the success curve on [0, H], divided by H.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ENDPOINT_EVALS = 3
-"""DESIGN §8: the endpoint is the mean of the last 3 evaluations up to the horizon."""
+"""docs/experiments.md#the-metrics: the endpoint is the mean of the last 3 evaluations up to the horizon."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def endpoint_iterations(iterations: Sequence[float], horizon: float, last: int =
 
 
 def endpoint(iterations: Sequence[float], values: Sequence[float], horizon: float, last: int = ENDPOINT_EVALS) -> float:
-    r"""Endpoint success (DESIGN §8): the mean of the last ``last`` (3) evaluations at iterations ≤ H.
+    r"""Endpoint success (docs/experiments.md#the-metrics): the mean of the last ``last`` (3) evaluations at iterations ≤ H.
 
         endpoint = (1/k) Σ_{j=n−k+1..n} s(i_j),  i_1 < … < i_n the evaluation iterations ≤ H, k = min(3, n)
 
@@ -177,7 +177,7 @@ def curve_to_horizon(
 
 
 def nauc(iterations: Sequence[float], values: Sequence[float], horizon: float) -> float:
-    r"""Normalised area under the success curve (DESIGN §8): trapezoid area on [0, H] divided by H.
+    r"""Normalised area under the success curve (docs/experiments.md#the-metrics): trapezoid area on [0, H] divided by H.
 
         nAUC = (1/H) Σ_j (i_{j+1} − i_j) · (s(i_j) + s(i_{j+1})) / 2
 

@@ -1,4 +1,4 @@
-"""The variants of a comparison (DESIGN §8): outcome accounting × objective mass, names and switches.
+"""The variants of a comparison (docs/experiments.md#the-metrics): outcome accounting × objective mass, names and switches.
 
 A variant fixes ``algo.accounting`` (``row`` = verl-agent's stepwise statistics, ``trajectory`` =
 Outcome Alignment, OA) and ``algo.mass`` (``native`` = the reducer's own mass, ``uniform`` = Mass

@@ -1,4 +1,4 @@
-"""The stepwise multi-turn RL loop (DESIGN §7), top to bottom in one file.
+"""The stepwise multi-turn RL loop (docs/training.md), top to bottom in one file.
 
 Per iteration: roll out G task seeds × n episodes (one row per agent step) → advantages from
 oma.core (OA via ``algo.accounting``) → PPO-style epochs over mini-batches of whole trajectories,
@@ -287,7 +287,7 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
 def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> dict[str, float]:
     """Success on the fixed held-out task set, one episode per task: greedy, then sampled.
 
-    ``eval_success`` (greedy) is the success curve of DESIGN §8. ``eval_sampled_success`` samples at
+    ``eval_success`` (greedy) is the success curve of docs/experiments.md#the-metrics. ``eval_sampled_success`` samples at
     ``policy.temperature`` from a generator seeded by the run seed and the iteration, so it is the
     same in a resumed run: it is the policy RL actually trains, and a small policy's greedy
     success can lag it, because one wrong argmax in a state the policy revisits loops to the cap.

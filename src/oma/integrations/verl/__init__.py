@@ -1,4 +1,4 @@
-"""Run Outcome-Mass Alignment inside verl 0.9.x (DESIGN §9; docs/verl.md).
+"""Run Outcome-Mass Alignment inside verl 0.9.x (docs/verl.md).
 
 Two layers, both fed by :mod:`oma.core` (the math is never copied here):
 

@@ -22,7 +22,7 @@ involve A). Hence with ``A' = A·W``::
     Σ_r Σ_l mask·ℓ(A·W) = Σ_r Σ_l W·ℓ(A) = oma.core.weighted_loss(ℓ(A), W)
 
 for any micro-batch split, any data-parallel size and any dynamic batch sizing. ``W`` is computed
-on each PPO **mini-batch** (one optimizer step), never on a micro-batch (DESIGN §3.4.2).
+on each PPO **mini-batch** (one optimizer step), never on a micro-batch (docs/math.md#invariances (2)).
 
 **Which rows form a mini-batch.** verl splits the step's batch into ``dp_size`` contiguous chunks
 (one per data-parallel rank) and each rank cuts its chunk, unshuffled (``actor.shuffle=false``),
@@ -299,7 +299,7 @@ def _metrics(rewards: Tensor, mask: Tensor, ids: SessionIds, weights: Tensor, op
     out["oma/rows_per_trajectory/mean"] = float(rows_per_traj.mean())
     out["oma/rows_per_trajectory/max"] = float(rows_per_traj.max())
     if float(mass.sum()) > 0:
-        out["oma/effective_trajectories"] = float(mass.sum() ** 2 / (mass * mass).sum())  # Kish, DESIGN §6
+        out["oma/effective_trajectories"] = float(mass.sum() ** 2 / (mass * mass).sum())  # Kish, docs/audit.md
     stats = core.group_outcome_stats(
         rewards.detach().cpu().sum(-1).to(torch.float64)[active], ids.group_index[active], ids.traj_index[active],
         accounting=options.accounting,
