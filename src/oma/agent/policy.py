@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from oma.core import token_entropy
+
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
@@ -203,7 +205,7 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
             nxt = logits.argmax(-1)
         logp_all = torch.log_softmax(logits, dim=-1)  # temperature 1: the distribution training scores
         logp_nxt = logp_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).tolist()
-        entropy = (-(logp_all.exp() * logp_all).sum(-1)).tolist()
+        entropy = token_entropy(logits.unsqueeze(1), torch.ones(batch, 1, dtype=torch.bool))[:, 0].tolist()
         for i in (~done).nonzero().squeeze(-1).tolist():
             responses[i].append(int(nxt[i]))
             logps[i].append(logp_nxt[i])
@@ -241,8 +243,6 @@ def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: 
     ``allowed`` (each row's (position, token) pairs, :attr:`Generation.allowed` or
     :func:`allowed_positions`) the distributions are the constrained ones :func:`generate` sampled from.
     """
-    from oma.core import token_entropy
-
     width = max(len(r) for r in response_ids)
     ids, mask = left_pad([list(p) + list(r) for p, r in zip(prompt_ids, response_ids)], pad_id)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)

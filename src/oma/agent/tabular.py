@@ -36,6 +36,7 @@ from torch import Tensor
 
 from oma.agent.policy import Generation
 from oma.agent.rollout import LiveEpisode, Rollout, run_episodes
+from oma.core import token_entropy
 
 _MASKED = -1e9  # padding of ragged admissible sets: exp() underflows to exactly 0, gradients stay finite
 
@@ -128,7 +129,7 @@ class TabularPolicy(torch.nn.Module):
             choice = logits.argmax(-1)
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, choice.unsqueeze(-1)).squeeze(-1).tolist()
-        entropy = (-(logp_all.exp() * logp_all).sum(-1)).tolist()
+        entropy = _entropy(logits).tolist()
         texts = [acts[c] for acts, c in zip(admissible, choice.tolist())]
         responses = [[int(a[c])] * action_tokens(t) for a, c, t in zip(allowed, choice.tolist(), texts)]
         return Generation(responses, texts, allowed, [[lp] * len(r) for lp, r in zip(logp, responses)],
@@ -152,8 +153,13 @@ class TabularPolicy(torch.nn.Module):
         logp = torch.where(mask, logp_all.gather(-1, position.unsqueeze(-1)), zero)
         entropy = None
         if with_entropy:
-            entropy = torch.where(mask, -(logp_all.exp() * logp_all).sum(-1, keepdim=True), zero)
+            entropy = torch.where(mask, _entropy(logits).unsqueeze(-1), zero)
         return logp, mask, entropy
+
+
+def _entropy(logits: Tensor) -> Tensor:
+    """Entropy [R] of each row's distribution over its (padded) admissible actions."""
+    return token_entropy(logits.unsqueeze(1), torch.ones(len(logits), 1, dtype=torch.bool))[:, 0]
 
 
 def tabular_rollout(make_env: Callable[[], object], policy: TabularPolicy, task_seeds: Sequence[int], *,

@@ -70,7 +70,7 @@ SETTINGS: tuple[Setting, ...] = (
 SETTING_NAMES = tuple(s.name for s in SETTINGS)
 
 COMPARED = ("row+MA", "OA+native", "OA+MA")
-METRICS = (("diff_endpoint", "endpoint"), ("diff_nauc", "nAUC"))
+DIFFS = (("diff_endpoint", "endpoint"), ("diff_nauc", "nAUC"))
 
 
 class MapError(ValueError):
@@ -121,7 +121,7 @@ def collect(out: Path, names: list[str]) -> dict[str, Any]:
                  "overrides": doc.get("overrides", []), "diffs": {}}
         for v in COMPARED:
             if v in pv:
-                entry["diffs"][v] = {label: _estimate(pv[v].get(key)) for key, label in METRICS}
+                entry["diffs"][v] = {label: _estimate(pv[v].get(key)) for key, label in DIFFS}
         settings[name] = entry
     family = [(s, v, m, e) for s, entry in settings.items() for v, ms in entry["diffs"].items() for m, e in ms.items()
               if e is not None and math.isfinite(e.p)]

@@ -27,7 +27,7 @@ def claim_run_dir(path: Path) -> Path:
     while True:
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
         k += 1
-        if candidate.is_dir() and any(candidate.iterdir()) or candidate.exists() and not candidate.is_dir():
+        if candidate.exists() and (not candidate.is_dir() or any(candidate.iterdir())):
             continue
         candidate.mkdir(parents=True, exist_ok=True)
         try:

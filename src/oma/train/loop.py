@@ -243,12 +243,12 @@ class NormalizedSGD(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads])) if grads else 0.0
-        if float(norm) > 0:
+        norm = float(torch.linalg.vector_norm(torch.cat([x.flatten() for x in grads]))) if grads else 0.0
+        if norm > 0:
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        p.add_(p.grad, alpha=-group["lr"] / float(norm))
+                        p.add_(p.grad, alpha=-group["lr"] / norm)
 
 
 def make_optimizer(cfg: TrainConfig, params: list[Tensor]) -> torch.optim.Optimizer:
