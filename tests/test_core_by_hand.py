@@ -236,3 +236,32 @@ def test_weighted_loss_by_hand():
     w = torch.tensor([[0.5, 0.25, 0.0]], dtype=torch.float64)
     loss = torch.tensor([[2.0, 4.0, float("nan")]])  # NaN at a zero-weight (padding) token is ignored
     assert weighted_loss(loss, w).item() == pytest.approx(2.0)
+
+
+def test_batch_structure_by_hand():
+    """Rows of trajectories 7, 3, 7, 9, 3 in groups 1, 0, 1, 1, 0: trajectories sorted 3, 7, 9."""
+    from oma.core import batch_structure
+
+    s = batch_structure(torch.tensor([1, 0, 1, 1, 0]), torch.tensor([7, 3, 7, 9, 3]))
+    assert s.traj.ids.tolist() == [3, 7, 9] and s.traj.counts.tolist() == [2, 2, 1]
+    assert s.traj_group.tolist() == [0, 1, 1] and s.row_group.tolist() == [1, 0, 1, 1, 0]
+    assert s.trajectories_per_group().tolist() == [1, 2]
+    assert s.position_in_trajectory().tolist() == [0, 0, 1, 0, 1]  # order of appearance inside each trajectory
+
+
+def test_structure_argument_changes_nothing():
+    """Passing the batch's own structure gives the same numbers as letting each function compute it."""
+    from oma.core import batch_structure
+
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    t = torch.tensor([0, 0, 1, 1, 2, 3, 4])
+    st = batch_structure(g, t)
+    for acc in ("row", "trajectory"):
+        assert torch.equal(outcome_advantages(scores, g, t, accounting=acc, structure=st),
+                           outcome_advantages(scores, g, t, accounting=acc))
+        a, b = group_outcome_stats(scores, g, t, accounting=acc, structure=st), group_outcome_stats(scores, g, t, accounting=acc)
+        assert torch.equal(a.mean, b.mean) and torch.equal(a.std, b.std)
+        anchor, k = torch.tensor([0, 1, 0, 1, 0, 0, 0]), st.position_in_trajectory()
+        assert torch.equal(gigpo_advantages(scores, scores, anchor, g, t, k, accounting=acc, structure=st),
+                           gigpo_advantages(scores, scores, anchor, g, t, k, accounting=acc))

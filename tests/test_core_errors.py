@@ -149,3 +149,21 @@ def test_empty_batch():
     assert token_weights(torch.zeros(0, 3, dtype=torch.bool), empty, empty).shape == (0, 3)
     assert sum(len(c) for c in micro_batches(0, 3)) == 0
     assert [c.tolist() for c in micro_batches(5, 2)] == [[0, 1], [2, 3], [4]]
+
+
+def test_structure_of_another_batch_is_refused():
+    from oma.core import batch_structure
+
+    with pytest.raises(ValueError, match="structure describes 2 rows, the batch has 4"):
+        outcome_advantages(S, G, T, structure=batch_structure(G[:2], T[:2]))
+    with pytest.raises(TypeError, match="structure must be an oma.core.BatchStructure"):
+        outcome_advantages(S, G, T, structure={"rows": 4})
+
+
+def test_split_trajectory_error_carries_the_ids():
+    from oma.core import TrajectorySplitError, batch_structure
+
+    with pytest.raises(TrajectorySplitError) as err:
+        batch_structure(torch.tensor([5, 5, 8, 8]), torch.tensor([2, 4, 4, 6]))
+    assert (err.value.traj_id, err.value.group_ids, err.value.n_split) == (4, (5, 8), 1)
+    assert isinstance(err.value, ValueError)

@@ -9,7 +9,7 @@ import torch
 import oma.integrations.verl.plugin  # noqa: F401  (what `import verl` loads; idempotent)
 from oma import core
 from oma.integrations.verl import ESTIMATOR_NAMES
-from oma.integrations.verl.estimators import ESTIMATOR_FUNCTIONS, rows_in_trajectory, terminal_step_rewards
+from oma.integrations.verl.estimators import ESTIMATOR_FUNCTIONS, terminal_step_rewards
 from verl.trainer.ppo import core_algos
 
 from test_verl_support import random_rows, session_batch
@@ -76,7 +76,7 @@ def test_oma_gigpo_with_anchor_obs_equals_oma_core():
         scores, step_rewards, core.anchor_ids(list(obs)), g, t, s, gamma=0.9, step_advantage_w=0.5
     ).float()
     torch.testing.assert_close(adv, expected.unsqueeze(-1) * mask.float())
-    assert torch.equal(rows_in_trajectory(t), s)
+    assert torch.equal(core.batch_structure(g, t).position_in_trajectory(), s)
 
 
 def test_refuses_trajectory_accounting_without_trajectory_ids():

@@ -13,10 +13,12 @@ from oma.core.advantages import (
     gigpo_advantages,
     group_outcome_stats,
     outcome_advantages,
+    trajectory_outcomes,
 )
 from oma.core.anchors import anchor_ids
 from oma.core.batching import micro_batches, trajectory_minibatches
 from oma.core.objectives import OBJECTIVES, Objective, clipped_tokens, kl_k3, token_entropy, token_objective
+from oma.core.segments import BatchStructure, TrajectorySplitError, batch_structure, segment_sum
 from oma.core.weights import MASSES, REDUCERS, Mass, Reducer, implicit_mass, row_coefficients, token_weights, weighted_loss
 
 __all__ = [
@@ -26,12 +28,15 @@ __all__ = [
     "OBJECTIVES",
     "REDUCERS",
     "Accounting",
+    "BatchStructure",
     "Estimator",
     "GroupOutcomeStats",
     "Mass",
     "Objective",
     "Reducer",
+    "TrajectorySplitError",
     "anchor_ids",
+    "batch_structure",
     "clipped_tokens",
     "discounted_returns",
     "gigpo_advantages",
@@ -41,9 +46,11 @@ __all__ = [
     "micro_batches",
     "outcome_advantages",
     "row_coefficients",
+    "segment_sum",
     "token_entropy",
     "token_objective",
     "token_weights",
     "trajectory_minibatches",
+    "trajectory_outcomes",
     "weighted_loss",
 ]

@@ -18,7 +18,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from oma.core._validate import check_float, check_index, check_option, check_positive, check_same_device
+from oma.core.validate import check_float, check_index, check_option, check_positive, check_same_device
 from oma.core.segments import BatchStructure, SegmentStats, batch_structure, segment_mean_std, segment_sum, segments
 
 Accounting = Literal["row", "trajectory"]
@@ -111,8 +111,26 @@ def _check_scores(scores: Tensor, group_index: Tensor) -> Tensor:
     return scores
 
 
+def _structure(group_index: Tensor, traj_index: Tensor, structure: BatchStructure | None) -> BatchStructure:
+    """``structure`` if the caller passed the batch's own, else :func:`batch_structure` of the ids."""
+    if structure is None:
+        return batch_structure(group_index, traj_index)
+    if not isinstance(structure, BatchStructure):
+        raise TypeError(f"structure must be an oma.core.BatchStructure, got {type(structure).__name__}")
+    if structure.row_group.shape[0] != group_index.shape[0]:
+        raise ValueError(
+            f"structure describes {structure.row_group.shape[0]} rows, the batch has {group_index.shape[0]}"
+        )
+    return structure
+
+
 def group_outcome_stats(
-    scores: Tensor, group_index: Tensor, traj_index: Tensor, *, accounting: Accounting = "trajectory"
+    scores: Tensor,
+    group_index: Tensor,
+    traj_index: Tensor,
+    *,
+    accounting: Accounting = "trajectory",
+    structure: BatchStructure | None = None,
 ) -> GroupOutcomeStats:
     """μ_g, σ_g and member counts of every group under ``accounting`` (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
@@ -120,10 +138,11 @@ def group_outcome_stats(
     trajectory accounting: μ_g = Σ_{τ∈𝒯_g} R_τ / |𝒯_g|,       σ_g = std over trajectories of g.
 
     The two coincide when every trajectory of g has the same number of rows (docs/math.md#invariances (4)).
+    ``structure``: the batch's :func:`~oma.core.batch_structure`, when the caller already has it.
     """
     check_option("accounting", accounting, ACCOUNTINGS)
     scores = _check_scores(scores, group_index)
-    structure = batch_structure(group_index, traj_index)
+    structure = _structure(group_index, traj_index, structure)
     values, member_group, _ = _members(scores, structure, accounting)
     stats = _member_stats(values, member_group, structure.n_groups)
     return GroupOutcomeStats(
@@ -145,6 +164,7 @@ def outcome_advantages(
     estimator: Estimator = "grpo",
     norm_by_std: bool = True,
     eps: float = 1e-6,
+    structure: BatchStructure | None = None,
 ) -> Tensor:
     r"""Episode-level group-relative advantage of every row, A[R] (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
@@ -171,6 +191,8 @@ def outcome_advantages(
         estimator: ``"grpo"`` or ``"rloo"`` (see :data:`Estimator`).
         norm_by_std: divide by σ_g + ε (``grpo`` only).
         eps: ε in the denominator.
+        structure: the batch's :func:`~oma.core.batch_structure`, when the caller already has it
+            (several calls on one batch then sort its ids once).
 
     Returns:
         A, shape [R], dtype of ``scores`` (computed in float64).
@@ -181,7 +203,7 @@ def outcome_advantages(
     check_option("estimator", estimator, ESTIMATORS)
     check_positive("eps", eps, allow_zero=True)
     scores = _check_scores(scores, group_index)
-    structure = batch_structure(group_index, traj_index)
+    structure = _structure(group_index, traj_index, structure)
     return _episode_advantages(scores, structure, accounting, estimator, norm_by_std, eps).to(scores.dtype)
 
 
@@ -256,6 +278,7 @@ def gigpo_advantages(
     gamma: float = 0.95,
     step_advantage_w: float = 1.0,
     eps: float = 1e-6,
+    structure: BatchStructure | None = None,
 ) -> Tensor:
     r"""GiGPO advantage A_r = A^E_τ + ω·A^S_r (Feng et al. 2025, arXiv 2505.10978; docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
@@ -277,6 +300,7 @@ def gigpo_advantages(
         step_index: integer [R], the row's step number inside its trajectory.
         gamma: discount γ in [0, 1] of the step return.
         step_advantage_w: ω ≥ 0, weight of the step term.
+        structure: the batch's :func:`~oma.core.batch_structure`, when the caller already has it.
 
     Returns: A, shape [R], dtype of ``scores``.
     """
@@ -286,7 +310,7 @@ def gigpo_advantages(
     scores = _check_scores(scores, group_index)
     anchor = check_index("anchor", anchor, scores.shape[0])
     check_same_device(scores=scores, anchor=anchor)
-    structure = batch_structure(group_index, traj_index)
+    structure = _structure(group_index, traj_index, structure)
     episode = _episode_advantages(scores, structure, accounting, "grpo", norm_by_std, eps)
     returns = discounted_returns(step_rewards, traj_index, step_index, gamma=gamma)
     # Anchor group = (group, anchor): combine two dense segment numbers into one int64 key.

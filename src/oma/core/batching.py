@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from oma.core._validate import check_index
+from oma.core.validate import check_index
 from oma.core.segments import segments
 
 

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from oma.core._validate import check_finite_where, check_float, check_mask, check_option, check_same_device
+from oma.core.validate import check_finite_where, check_float, check_mask, check_option, check_same_device
 
 Objective = Literal["ppo", "gspo"]
 """Token objective.

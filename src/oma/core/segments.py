@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from oma.core._validate import check_index, check_same_device
+from oma.core.validate import check_index, check_same_device
 
 
 @dataclass(frozen=True)
@@ -124,12 +124,46 @@ class BatchStructure:
         """|𝒯_g| per group, int64 [G]."""
         return torch.bincount(self.traj_group, minlength=self.n_groups)
 
+    def position_in_trajectory(self) -> Tensor:
+        """Each row's order of appearance inside its trajectory (0, 1, ...), int64 [R].
+
+        The step order of batches that keep a trajectory's rows in step order but carry no step
+        column (verl-agent's rows, verl's agent loop outputs).
+        """
+        inverse = self.traj.inverse
+        order = torch.argsort(inverse, stable=True)
+        first = torch.cumsum(self.traj.counts, 0) - self.traj.counts
+        pos = torch.empty_like(order)
+        pos[order] = torch.arange(order.numel(), device=order.device) - first[inverse[order]]
+        return pos
+
+
+class TrajectorySplitError(ValueError):
+    """A trajectory whose rows carry two group ids (every trajectory must lie in one group).
+
+    Attributes:
+        traj_id: the first such trajectory's id (as given in ``traj_index``).
+        group_ids: the two group ids it spans, ascending.
+        n_split: how many trajectories span more than one group.
+    """
+
+    def __init__(self, traj_id: int, group_ids: tuple[int, int], n_split: int):
+        self.traj_id, self.group_ids, self.n_split = traj_id, group_ids, n_split
+        super().__init__(
+            f"traj_index {traj_id} spans groups {group_ids[0]} and {group_ids[1]} in group_index; every trajectory "
+            f"must lie in exactly one group ({n_split} trajectories violate this)"
+        )
+
 
 def batch_structure(group_index: Tensor, traj_index: Tensor) -> BatchStructure:
     """Validate ``group_index``/``traj_index`` and map rows → trajectories → groups.
 
     Ids need not be contiguous or sorted. A trajectory whose rows carry two different group ids
-    is a ``ValueError`` naming the trajectory and both groups.
+    raises :class:`TrajectorySplitError` (a ``ValueError``) naming the trajectory and both groups.
+
+    Every function of :mod:`oma.core` that takes ids computes this once; callers that need several
+    of them on one batch compute it themselves and pass it as ``structure=`` (an O(R log R) sort
+    for arbitrary ids, O(R) for small non-negative ones).
     """
     group_index = check_index("group_index", group_index)
     traj_index = check_index("traj_index", traj_index, group_index.shape[0])
@@ -141,11 +175,8 @@ def batch_structure(group_index: Tensor, traj_index: Tensor) -> BatchStructure:
     split = g != g_traj[traj.inverse]
     if bool(split.any()):
         r = int(split.nonzero()[0, 0])
-        n_bad = int(torch.unique(traj.inverse[split]).numel())
+        n_split = int(torch.unique(traj.inverse[split]).numel())
         pair = sorted((int(g_traj[traj.inverse[r]]), int(g[r])))
-        raise ValueError(
-            f"traj_index {int(traj_index[r])} spans groups {pair[0]} and {pair[1]} in "
-            f"group_index; every trajectory must lie in exactly one group ({n_bad} trajectories violate this)"
-        )
+        raise TrajectorySplitError(int(traj_index[r]), (pair[0], pair[1]), n_split)
     group_ids, traj_group = torch.unique(g_traj, sorted=True, return_inverse=True)
     return BatchStructure(traj=traj, group_ids=group_ids, traj_group=traj_group, row_group=traj_group[traj.inverse])

@@ -16,7 +16,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from oma.core._validate import check_float, check_mask, check_option, check_same_device
+from oma.core.validate import check_float, check_mask, check_option, check_same_device
 from oma.core.segments import BatchStructure, batch_structure, segment_sum
 
 Reducer = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]

@@ -8,7 +8,8 @@
 * ``oma audit FILE|RUN_DIR`` — :mod:`oma.diagnostics.cli`.
 """
 
-from oma.diagnostics.audit import ACCOUNTING_NAMES, AccountingFigures, AuditReport, DirectionSplit, audit
+from oma.diagnostics.audit import audit
+from oma.diagnostics.figures import ACCOUNTING_NAMES, AccountingFigures, AuditReport, DirectionSplit
 from oma.diagnostics.io import (
     ROLES,
     AuditInputError,

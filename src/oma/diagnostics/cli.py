@@ -16,9 +16,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from oma.diagnostics.io import FORMATS, AuditInputError, parse_col_args, read_batch, run_batches
+from oma.diagnostics.io import (
+    FORMATS,
+    SOURCES,
+    VERL_AGENT_PENALTY,
+    AuditInputError,
+    parse_col_args,
+    read_batch,
+    read_verl_agent,
+    run_batches,
+)
 
 HELP = "audit the implicit trajectory weighting of a rollout batch (file or run dir)"
+GAMMA = 0.95
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,6 +55,22 @@ def _parser() -> argparse.ArgumentParser:
         "--col traj_id=@row makes every row its own trajectory",
     )
     p.add_argument("--format", choices=FORMATS, help="file format (default: from the extension)")
+    p.add_argument(
+        "--from",
+        dest="source_format",
+        choices=SOURCES,
+        default="oma",
+        help="input columns: oma's (default) or a verl-agent batch dump (uid, traj_uid, episode_rewards, "
+        "is_action_valid, anchor_obs, step_rewards; docs/audit.md#verl-agent-batches)",
+    )
+    p.add_argument(
+        "--invalid-penalty",
+        type=float,
+        default=None,
+        metavar="C",
+        help=f"--from verl-agent: subtract C per invalid action from the row's score, as verl-agent does "
+        f"(default {VERL_AGENT_PENALTY:g}, its invalid_action_penalty_coef; 0 if the run turned it off)",
+    )
     p.add_argument("--reducer", choices=REDUCERS, default="token-mean", help="native loss reducer (default token-mean)")
     p.add_argument(
         "--mass",
@@ -55,9 +81,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--estimator", choices=("grpo", "rloo", "gigpo"), default="grpo", help="advantage estimator (default grpo)"
     )
-    p.add_argument("--no-std", action="store_true", help="do not divide advantages by the group std (Dr. GRPO)")
+    p.add_argument(
+        "--std",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="divide advantages by the group std (default: on; --no-std is Dr. GRPO; --from verl-agent with "
+        "gigpo: off, verl-agent's default algorithm.gigpo.mode=mean_norm)",
+    )
     p.add_argument("--eps", type=float, default=1e-6, help="epsilon of the std normalisation (default 1e-6)")
-    p.add_argument("--gamma", type=float, default=0.95, help="GiGPO step-return discount (default 0.95)")
+    p.add_argument(
+        "--gamma",
+        type=float,
+        default=None,
+        help=f"GiGPO step-return discount (default {GAMMA:g}; not with --from verl-agent, whose step_rewards are "
+        "already discounted returns)",
+    )
     p.add_argument("--step-advantage-w", type=float, default=1.0, help="GiGPO step-term weight (default 1)")
     p.add_argument(
         "--success-threshold",
@@ -122,10 +160,34 @@ def _check_targets(args: argparse.Namespace) -> None:
                 raise AuditInputError(f"--{flag} {d}: parent directory {d.parent} does not exist")
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Options that only mean something for one input format, refused where they do not."""
+    if args.source_format == "verl-agent":
+        if args.gamma is not None and args.estimator == "gigpo":
+            raise AuditInputError(
+                "--gamma does not apply with --from verl-agent: the step term reads verl-agent's step_rewards, "
+                "already discounted by its algorithm.gamma"
+            )
+    elif args.invalid_penalty is not None:
+        raise AuditInputError("--invalid-penalty applies to verl-agent dumps only; add --from verl-agent")
+
+
+def _read(path: Path, args: argparse.Namespace, columns: dict[str, str]):
+    if args.source_format == "verl-agent":
+        penalty = VERL_AGENT_PENALTY if args.invalid_penalty is None else args.invalid_penalty
+        return read_verl_agent(
+            path, columns, invalid_penalty=penalty, success_threshold=args.success_threshold, fmt=args.format
+        )
+    return read_batch(path, columns, fmt=args.format)
+
+
 def _audit_file(path: Path, args: argparse.Namespace, columns: dict[str, str]):
     from oma.diagnostics.audit import audit
 
-    b = read_batch(path, columns, fmt=args.format)
+    b = _read(path, args, columns)
+    verl_agent = args.source_format == "verl-agent"
+    # verl-agent: its GiGPO mode defaults to mean_norm (no std); its step_rewards are returns already (γ = 0 here)
+    std = args.std if args.std is not None else not (verl_agent and args.estimator == "gigpo")
     return audit(
         b.scores,
         b.group_index,
@@ -136,12 +198,15 @@ def _audit_file(path: Path, args: argparse.Namespace, columns: dict[str, str]):
         anchor=b.anchor,
         step_rewards=b.step_rewards,
         won=b.won,
+        success_rule=b.success_rule,
+        padding_copy=b.padding_copy,
+        dump=b.dump,
         reducer=args.reducer,
         aligned_mass=args.mass,
         estimator=args.estimator,
-        norm_by_std=not args.no_std,
+        norm_by_std=std,
         eps=args.eps,
-        gamma=args.gamma,
+        gamma=0.0 if verl_agent else (GAMMA if args.gamma is None else args.gamma),
         step_advantage_w=args.step_advantage_w,
         success_threshold=args.success_threshold,
         group_labels=b.group_labels,
@@ -152,6 +217,7 @@ def _audit_file(path: Path, args: argparse.Namespace, columns: dict[str, str]):
 
 def _run(args: argparse.Namespace) -> int:
     columns = parse_col_args(args.col)
+    _check_options(args)
     _check_targets(args)
     path = Path(args.path)
     items: list[tuple[int, object]] | None = None
@@ -194,7 +260,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _json_doc(report, items, path: Path) -> dict:
-    from oma.diagnostics.report import SCHEMA_VERSION
+    from oma.diagnostics.figures import SCHEMA_VERSION
 
     if items is None:
         return report.to_dict()

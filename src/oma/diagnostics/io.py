@@ -26,15 +26,19 @@ iteration), written by :func:`write_batch`.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+
+from oma.diagnostics.figures import DumpInfo
 
 ROLES: tuple[str, ...] = (
     "group_id",
@@ -62,6 +66,21 @@ _HINTS: dict[str, tuple[str, ...]] = {
     "step_reward": ("rewards", "step_rewards"),
     "won": ("success", "is_success"),
 }
+
+SOURCES: tuple[str, ...] = ("oma", "verl-agent")
+"""Input formats of ``oma audit --from``: the audit's own columns, or a verl-agent batch dump."""
+
+VERL_AGENT_COLUMNS: dict[str, str] = {
+    "group_id": "uid",
+    "traj_id": "traj_uid",
+    "score": "episode_rewards",
+    "anchor": "anchor_obs",
+    "step_reward": "step_rewards",
+}
+"""verl-agent's name for each role (docs/audit.md#verl-agent-batches)."""
+
+VERL_AGENT_PENALTY = 0.1
+"""verl-agent's default ``actor_rollout_ref.actor.invalid_action_penalty_coef``."""
 
 ROW_AS_TRAJ = "@row"
 """Source name meaning "every row is its own trajectory" (``--col traj_id=@row``)."""
@@ -98,6 +117,9 @@ class BatchColumns:
         group_labels: the original group id of each code, [G].
         traj_labels: the original trajectory id of each code, [T].
         source: where the batch came from.
+        padding_copy: bool [R], rows that repeat an earlier row (``--from verl-agent`` only).
+        success_rule: how ``won`` was decided when the reader decided it (``--from verl-agent``).
+        dump: the input's format and the invalid-action penalty applied to ``scores``.
     """
 
     group_index: np.ndarray
@@ -112,6 +134,9 @@ class BatchColumns:
     group_labels: np.ndarray
     traj_labels: np.ndarray
     source: str
+    padding_copy: np.ndarray | None = None
+    success_rule: str | None = None
+    dump: DumpInfo = DumpInfo()
 
     @property
     def rows(self) -> int:
@@ -241,22 +266,25 @@ def batch_from_table(
         src = src_of(role)
         return f"'{role}'" if src == role else f"'{src}' ({role})"
 
-    group_index, group_labels = _ids(table[src_of("group_id")], label("group_id"))
     if src_of("traj_id") == ROW_AS_TRAJ:
         traj_index = np.arange(rows, dtype=np.int64)
         traj_labels = traj_index.copy()
     else:
         traj_index, traj_labels = _ids(table[src_of("traj_id")], label("traj_id"))
-    scores = _floats(table[src_of("score")], label("score"))
+    where = in_trajectory(traj_index, traj_labels)
+    group_index, group_labels = _ids(table[src_of("group_id")], label("group_id"), where)
+    scores = _floats(table[src_of("score")], label("score"), where)
     if tok_src is not None:
-        tokens = _counts(table[tok_src], label("response_tokens"))
+        tokens = _counts(table[tok_src], label("response_tokens"), where)
         length = int(tokens.max(initial=0))
     else:
-        tokens, length = _mask_counts(table[mask_src], label("response_mask"))
-    step = _ints(table[src_of("step")], label("step")) if src_of("step") else None
-    anchor = _anchor_ids(table[src_of("anchor")], label("anchor")) if src_of("anchor") else None
-    step_rewards = _floats(table[src_of("step_reward")], label("step_reward")) if src_of("step_reward") else None
-    won = _bools(table[src_of("won")], label("won")) if src_of("won") else None
+        tokens, length = _mask_counts(table[mask_src], label("response_mask"), where)
+    step = _ints(table[src_of("step")], label("step"), where) if src_of("step") else None
+    anchor = _anchor_ids(table[src_of("anchor")], label("anchor"), where) if src_of("anchor") else None
+    step_rewards = (
+        _floats(table[src_of("step_reward")], label("step_reward"), where) if src_of("step_reward") else None
+    )
+    won = _bools(table[src_of("won")], label("won"), where) if src_of("won") else None
     check_one_group_per_traj(group_index, traj_index, group_labels, traj_labels, label("traj_id"))
     if not tokens.any():
         raise AuditInputError(
@@ -278,6 +306,133 @@ def batch_from_table(
     )
 
 
+def read_verl_agent(
+    path: str | os.PathLike,
+    columns: Mapping[str, str] | None = None,
+    *,
+    invalid_penalty: float = VERL_AGENT_PENALTY,
+    success_threshold: float | None = None,
+    fmt: str | None = None,
+) -> BatchColumns:
+    """Read a verl-agent batch dump (docs/audit.md#verl-agent-batches) as verl-agent trains on it.
+
+    See :func:`verl_agent_from_table`; ``columns`` overrides verl-agent's column names.
+    """
+    table = read_table(path, fmt)
+    return verl_agent_from_table(
+        table, columns, invalid_penalty=invalid_penalty, success_threshold=success_threshold, source=str(path)
+    )
+
+
+def verl_agent_from_table(
+    table: pa.Table,
+    columns: Mapping[str, str] | None = None,
+    *,
+    invalid_penalty: float = VERL_AGENT_PENALTY,
+    success_threshold: float | None = None,
+    source: str = "<table>",
+) -> BatchColumns:
+    """A verl-agent batch (``uid``, ``traj_uid``, ``episode_rewards``, ``is_action_valid``, ``response_mask``
+    or ``response_tokens``, and for GiGPO ``anchor_obs`` and ``step_rewards``) as verl-agent trains on it.
+
+    * **Score.** Row r's score is ``episode_rewards_r − invalid_penalty·(1 − is_action_valid_r)``,
+      verl-agent's ``token_level_rewards.sum(-1)`` after ``apply_invalid_action_penalty`` (the
+      ``episode_rewards`` field itself never carries the penalty). ``step_rewards`` are read as
+      dumped: after that call they already carry it (verl-agent subtracts it in place).
+    * **Success** is decided before the penalty: ``episode_rewards > 0`` (or ``≥ success_threshold``),
+      unless a ``won`` column is mapped.
+    * **Padding copies.** ``adjust_batch(mode="copy")`` appends copies of random rows until the
+      batch divides the micro-batch sizes. A row identical to an earlier row in every column read
+      (and in ``row_hash`` when the dump has it) is flagged in ``padding_copy``; it stays in the
+      batch, because verl-agent trains on it.
+
+    Raises:
+        AuditInputError: one line naming the column, and the trajectory (``traj_uid``) where a row
+            is at fault.
+    """
+    if not (isinstance(invalid_penalty, (int, float)) and math.isfinite(invalid_penalty) and invalid_penalty >= 0):
+        raise AuditInputError(f"--invalid-penalty must be a finite number ≥ 0, got {invalid_penalty!r}")
+    names = list(table.column_names)
+    overrides = dict(columns or {})
+    mapping = {role: col for role, col in VERL_AGENT_COLUMNS.items() if role not in overrides and col in names}
+    for role in ("group_id", "traj_id", "score"):
+        col = overrides.get(role, VERL_AGENT_COLUMNS[role])
+        if col not in names and table.num_rows:
+            raise AuditInputError(
+                f"missing column {col!r} ({role}) in {source} (found: {', '.join(names) or 'no columns'}); "
+                f"--from verl-agent reads verl-agent's columns (docs/audit.md#verl-agent-batches), or map it with "
+                f"--col {role}=NAME"
+            )
+    mapping.update(overrides)
+    b = batch_from_table(table, mapping, source=source)
+    where = in_trajectory(b.traj_index, b.traj_labels)
+    episode = b.scores
+    _check_constant(episode, b.traj_index, b.traj_labels, f"'{mapping['score']}' (score)",
+                    "verl-agent stamps one episode reward on every row of a trajectory (is it the per-step 'rewards'?)")
+    invalid = None
+    if "is_action_valid" in names:
+        invalid = ~_bools(table["is_action_valid"], "'is_action_valid'", where)
+    elif invalid_penalty > 0:
+        raise AuditInputError(
+            f"{source} has no column 'is_action_valid': verl-agent subtracts {invalid_penalty:g} per invalid action "
+            "from the score (actor_rollout_ref.actor.invalid_action_penalty_coef); dump is_action_valid, or pass "
+            "--invalid-penalty 0 if the run set use_invalid_action_penalty=False"
+        )
+    scores = episode - invalid_penalty * invalid if invalid is not None else episode
+    won, rule = b.won, None
+    if won is None:
+        if success_threshold is None:
+            won, rule = episode > 0, f"{mapping['score']} > 0 (before the invalid-action penalty)"
+        else:
+            won = episode >= success_threshold
+            rule = f"{mapping['score']} >= {success_threshold:g} (before the invalid-action penalty)"
+    key_columns = sorted({*mapping.values(), "is_action_valid", "row_hash", "response_mask", "response_tokens"} & set(names))
+    return dataclasses.replace(
+        b,
+        scores=scores,
+        won=won,
+        success_rule=rule,
+        padding_copy=_repeats(table, key_columns),
+        dump=DumpInfo(
+            format="verl-agent",
+            invalid_penalty=float(invalid_penalty),
+            invalid_actions=None if invalid is None else int(invalid.sum()),
+        ),
+    )
+
+
+def _check_constant(values: np.ndarray, traj_index: np.ndarray, traj_labels: np.ndarray, what: str, why: str) -> None:
+    n = int(traj_index.max(initial=-1)) + 1
+    lo = np.full(n, np.inf)
+    hi = np.full(n, -np.inf)
+    np.minimum.at(lo, traj_index, values)
+    np.maximum.at(hi, traj_index, values)
+    bad = np.flatnonzero(lo != hi)
+    if bad.size:
+        t = int(bad[0])
+        raise AuditInputError(
+            f"column {what} differs between rows of trajectory {label_of(traj_labels[t])!r} "
+            f"({lo[t]:g} to {hi[t]:g}; {bad.size} trajectories): {why}"
+        )
+
+
+def _repeats(table: pa.Table, names: list[str]) -> np.ndarray:
+    """bool [R]: the row equals an earlier row in every column of ``names`` (nested values included)."""
+    codes = []
+    for name in names:
+        col = table[name].combine_chunks()
+        try:
+            enc = col.dictionary_encode()
+        except pa.ArrowNotImplementedError:  # a mask, an observation as nested lists, a struct
+            enc = pa.array([repr(v) for v in col.to_pylist()]).dictionary_encode()
+        codes.append(enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
+    key = np.stack(codes, axis=1)
+    _, first = np.unique(key, axis=0, return_index=True)
+    repeat = np.ones(table.num_rows, dtype=bool)
+    repeat[first] = False
+    return repeat
+
+
 def _hint(role: str, names: list[str]) -> str:
     for alt in _HINTS.get(role, ()):
         if alt in names:
@@ -285,15 +440,25 @@ def _hint(role: str, names: list[str]) -> str:
     return f"; use --col {role}=NAME"
 
 
-def _nulls(col: pa.ChunkedArray, what: str) -> None:
+Where = Callable[[int], str]
+"""Row → where it lies, for messages (``", in trajectory 't3'"``); ``_nowhere`` before ids are read."""
+
+
+def _nowhere(row: int) -> str:
+    return ""
+
+
+def _nulls(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> None:
     if col.null_count:
         first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise AuditInputError(f"column {what} has {col.null_count} null value(s), first at row {first} (0-based)")
+        raise AuditInputError(
+            f"column {what} has {col.null_count} null value(s), first at row {first} (0-based){where(first)}"
+        )
 
 
-def _ids(col: pa.ChunkedArray, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _ids(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> tuple[np.ndarray, np.ndarray]:
     """int64 codes (order of first appearance) and the original id of each code."""
-    _nulls(col, what)
+    _nulls(col, what, where)
     t = col.type
     if pa.types.is_dictionary(t):
         col = col.cast(t.value_type)
@@ -312,7 +477,7 @@ def _ids(col: pa.ChunkedArray, what: str) -> tuple[np.ndarray, np.ndarray]:
     return codes, labels
 
 
-def _floats(col: pa.ChunkedArray, what: str) -> np.ndarray:
+def _floats(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
     t = col.type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
         raise AuditInputError(f"column {what} must be numeric, found {t}")
@@ -322,37 +487,39 @@ def _floats(col: pa.ChunkedArray, what: str) -> np.ndarray:
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         raise AuditInputError(
-            f"column {what} has {int(bad.sum())} NaN/inf/null value(s), first at row {first} (0-based)"
+            f"column {what} has {int(bad.sum())} NaN/inf/null value(s), first at row {first} (0-based){where(first)}"
         )
     return values.astype(np.float64, copy=False)
 
 
-def _ints(col: pa.ChunkedArray, what: str) -> np.ndarray:
-    values = _floats(col, what) if not pa.types.is_integer(col.type) else None
+def _ints(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
+    values = _floats(col, what, where) if not pa.types.is_integer(col.type) else None
     if values is None:
-        _nulls(col, what)
+        _nulls(col, what, where)
         return col.to_numpy().astype(np.int64, copy=False)
     frac = values != np.round(values)
     if frac.any():
         first = int(np.flatnonzero(frac)[0])
-        raise AuditInputError(f"column {what} must hold integers, found {values[first]} at row {first} (0-based)")
+        raise AuditInputError(
+            f"column {what} must hold integers, found {values[first]} at row {first} (0-based){where(first)}"
+        )
     return values.astype(np.int64)
 
 
-def _counts(col: pa.ChunkedArray, what: str) -> np.ndarray:
-    values = _ints(col, what)
+def _counts(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
+    values = _ints(col, what, where)
     neg = values < 0
     if neg.any():
         first = int(np.flatnonzero(neg)[0])
         raise AuditInputError(
-            f"column {what} must be ≥ 0 (a token count), found {values[first]} at row {first} (0-based)"
+            f"column {what} must be ≥ 0 (a token count), found {values[first]} at row {first} (0-based){where(first)}"
         )
     return values
 
 
-def _mask_counts(col: pa.ChunkedArray, what: str) -> tuple[np.ndarray, int]:
+def _mask_counts(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> tuple[np.ndarray, int]:
     """Trainable tokens per row and the longest mask of a list column."""
-    _nulls(col, what)
+    _nulls(col, what, where)
     t = col.type
     if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
         extra = " (CSV cannot hold lists: write a response_tokens count instead)" if pa.types.is_string(t) else ""
@@ -393,34 +560,39 @@ def _mask_counts(col: pa.ChunkedArray, what: str) -> tuple[np.ndarray, int]:
     return counts, longest
 
 
-def _bools(col: pa.ChunkedArray, what: str) -> np.ndarray:
-    """true/false, or numbers that are exactly 0 or 1 (a rate or a score is not a success flag)."""
-    _nulls(col, what)
+def _bools(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
+    """true/false, or numbers that are exactly 0 or 1 (a rate or a score is not a flag)."""
+    _nulls(col, what, where)
     if pa.types.is_boolean(col.type):
         return col.to_numpy(zero_copy_only=False).astype(bool)
-    values = _floats(col, what)
+    values = _floats(col, what, where)
     bad = (values != 0) & (values != 1)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        raise AuditInputError(f"column {what} must be 0/1 or true/false per row; row {first} (0-based) has "
-                              f"{values[first]:g} ({int(bad.sum())} rows are neither): is it a rate or a score?")
+        raise AuditInputError(f"column {what} must be 0/1 or true/false per row; row {first} (0-based){where(first)} "
+                              f"has {values[first]:g} ({int(bad.sum())} rows are neither): is it a rate or a score?")
     return values == 1
 
 
-def _anchor_ids(col: pa.ChunkedArray, what: str) -> np.ndarray:
+def _anchor_ids(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
     """Anchor codes: ids as :func:`_ids` reads them, or any other value (an image as nested lists, bytes)
     by the SHA-256 of its canonical JSON, so equal observations get equal codes."""
     t = col.type
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_large_string(t) \
             or pa.types.is_dictionary(t):
-        return _ids(col, what)[0]
+        return _ids(col, what, where)[0]
     import hashlib
     import json
 
-    _nulls(col, what)
+    _nulls(col, what, where)
     digests = [hashlib.sha256(json.dumps(v, sort_keys=True, default=repr).encode()).hexdigest()
                for v in col.to_pylist()]
     return _ids(pa.chunked_array([pa.array(digests)]), what)[0]
+
+
+def in_trajectory(traj_index: np.ndarray, traj_labels: np.ndarray) -> Where:
+    """Where a row lies, for messages: ``", in trajectory 'abc'"`` (its original id)."""
+    return lambda row: f", in trajectory {label_of(traj_labels[traj_index[row]])!r}"
 
 
 def label_of(x: object) -> object:
@@ -435,21 +607,22 @@ def check_one_group_per_traj(
     traj_labels: np.ndarray,
     what: str = "'traj_id'",
 ) -> None:
-    """Raise AuditInputError naming the first trajectory whose rows carry two group ids."""
-    n_traj = int(traj_index.max(initial=-1)) + 1
-    first_group = np.full(n_traj, -1, dtype=np.int64)
-    # any row's group stands for the trajectory (the last write wins); a disagreeing row exposes a split
-    first_group[traj_index] = group_index
-    split = group_index != first_group[traj_index]
-    if split.any():
-        r = int(np.flatnonzero(split)[0])
-        t = int(traj_index[r])
-        n_bad = int(np.unique(traj_index[split]).shape[0])
+    """Raise AuditInputError naming (by original ids) the first trajectory whose rows carry two group ids.
+
+    The check is :func:`oma.core.batch_structure`'s; this only puts the file's ids in its message.
+    """
+    import torch
+
+    from oma.core import TrajectorySplitError, batch_structure
+
+    try:
+        batch_structure(torch.from_numpy(group_index), torch.from_numpy(traj_index))
+    except TrajectorySplitError as err:
+        g0, g1 = (label_of(group_labels[g]) for g in err.group_ids)
         raise AuditInputError(
-            f"trajectory {label_of(traj_labels[t])!r} (column {what}) lies in two groups, "
-            f"{label_of(group_labels[first_group[t]])!r} and {label_of(group_labels[group_index[r]])!r}; "
-            f"every trajectory must lie in exactly one group ({n_bad} trajectories do not)"
-        )
+            f"trajectory {label_of(traj_labels[err.traj_id])!r} (column {what}) lies in two groups, {g0!r} and "
+            f"{g1!r}; every trajectory must lie in exactly one group ({err.n_split} trajectories do not)"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from oma.diagnostics.audit import AuditReport
+    from oma.diagnostics.figures import AuditReport
 
 SUCCESS_COLOR, FAILURE_COLOR = "#2a9d4b", "#d1495b"
 ACC_COLORS = {

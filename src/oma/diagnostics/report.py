@@ -1,4 +1,4 @@
-"""Renderers of an :class:`~oma.diagnostics.audit.AuditReport`: verdict, JSON, tables (rich / Markdown / HTML).
+"""Renderers of an :class:`~oma.diagnostics.figures.AuditReport`: tables and verdict as rich / Markdown / HTML.
 
 The tables are built once as neutral :class:`Section` objects and then written three ways, so the
 terminal report, the Markdown and the HTML always show the same figures.
@@ -9,210 +9,10 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from oma.diagnostics.audit import AuditReport
-
-SCHEMA_VERSION = 1
-
-
-# ------------------------------------------------------------------------------------------------
-# JSON
-
-
-def _num(x) -> float | int | None:
-    """JSON-safe number: NaN/inf → None, floats rounded to 12 significant digits (stable text)."""
-    if x is None:
-        return None
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    if isinstance(x, (int, np.integer)):
-        return int(x)
-    x = float(x)
-    if not math.isfinite(x):
-        return None
-    return float(f"{x:.12g}")
-
-
-def _arr(a: np.ndarray) -> list:
-    if a.dtype.kind in "iub":
-        return a.tolist()
-    if a.dtype.kind == "f":
-        return [_num(v) for v in a.tolist()]
-    return [v if isinstance(v, (int, str)) else str(v) for v in a.tolist()]
-
-
-def report_dict(r: AuditReport, *, per_group: bool = True) -> dict:
-    """The ``--json`` document (docs/audit.md lists every key). Key order is fixed."""
-    acc = r.accountings
-
-    def by_acc(attr: str) -> dict:
-        return {k: _num(getattr(a, attr)) for k, a in acc.items()}
-
-    out: dict = {
-        "schema_version": SCHEMA_VERSION,
-        "source": r.source,
-        "rows": r.rows,
-        "trajectories": r.trajectories,
-        "groups": r.groups,
-        "rows_per_traj_mean": _num(r.rows_per_traj_mean),
-        "expansion_ratio_fail_over_success": _num(r.expansion_ratio_fail_over_success),
-        "mu_row_minus_mu_traj_mean": _num(r.mu_row_minus_mu_traj_mean),
-        "kish_ess_fraction": by_acc("kish_ess_fraction"),
-        "mass_share_success": by_acc("mass_share_success"),
-        "mass_share_failure": by_acc("mass_share_failure"),
-        "mass_share_longest10": by_acc("mass_share_longest10"),
-        "kish_ess": by_acc("kish_ess"),
-        "push_ess_fraction": by_acc("push_ess_fraction"),
-        "net_push": by_acc("net_push"),
-        "groups_pushed_up": by_acc("groups_pushed_up"),
-        "groups_pushed_down": by_acc("groups_pushed_down"),
-        "advantage_success_mean": by_acc("advantage_success_mean"),
-        "advantage_failure_mean": by_acc("advantage_failure_mean"),
-        "degenerate_mass_share": by_acc("degenerate_mass_share"),
-        "settings": {
-            "reducer": r.reducer,
-            "aligned_mass": r.aligned_mass,
-            "estimator": r.estimator,
-            "norm_by_std": r.norm_by_std,
-            "eps": _num(r.eps),
-            "success_rule": r.success_rule,
-        },
-        "successes": r.successes,
-        "failures": r.failures,
-        "rows_per_traj": {
-            "all": _num(r.rows_per_traj_mean),
-            "success": _num(r.rows_per_traj_success_mean),
-            "failure": _num(r.rows_per_traj_failure_mean),
-        },
-        "tokens_per_traj": {
-            "all": _num(r.tokens_per_traj_mean),
-            "success": _num(r.tokens_per_traj_success_mean),
-            "failure": _num(r.tokens_per_traj_failure_mean),
-        },
-        "token_ratio_fail_over_success": _num(r.token_ratio_fail_over_success),
-        "coupling": {
-            "rows_vs_outcome": _num(r.coupling_rows_outcome),
-            "tokens_vs_outcome": _num(r.coupling_tokens_outcome),
-        },
-        "mu_row_minus_mu_traj": {
-            "mean": _num(r.mu_row_minus_mu_traj_mean),
-            "abs_mean": _num(r.mu_row_minus_mu_traj_abs_mean),
-            "min": _num(r.mu_row_minus_mu_traj_min),
-            "max": _num(r.mu_row_minus_mu_traj_max),
-        },
-        "singleton_groups": dict(r.singleton_groups),
-        "zero_spread_groups": dict(r.zero_spread_groups),
-        "duplicated_rows": r.duplicated_rows,
-        "group_mass_shift_tv": _num(r.group_mass_shift_tv),
-        "direction_split": {
-            "baseline": "row+native",
-            **{
-                k: {
-                    "cos_within": _num(d.cos_within),
-                    "cos_between": _num(d.cos_between),
-                    "cos_total": _num(d.cos_total),
-                    "scale_ratio": _num(d.scale_ratio),
-                }
-                for k, d in r.direction_split.items()
-            },
-        },
-        "verdict": verdict(r),
-    }
-    if per_group:
-        out["per_group"] = {
-            "group_id": _arr(np.asarray(r.group_labels)),
-            "trajectories": _arr(r.group_trajectories),
-            "mu_row": _arr(r.mu_row),
-            "mu_traj": _arr(r.mu_traj),
-            "mass": {"native": _arr(r.group_mass_native), "aligned": _arr(r.group_mass_aligned)},
-            "net_push": {k: _arr(a.net_push_per_group) for k, a in acc.items()},
-        }
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# verdict
-
-
-def _pct(x: float) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
-
-
-def _f(x: float, spec: str = ".3g") -> str:
-    return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
-
-
-def verdict(r: AuditReport) -> str:
-    """One plain-language paragraph: expansion, mass by outcome, baseline shift, push, direction, warnings."""
-    acc = r.accountings
-    today, oa, ma, full = acc["row+native"], acc["trajectory+native"], acc["row+aligned"], acc["trajectory+aligned"]
-    parts: list[str] = []
-    if r.successes and r.failures:
-        ratio = r.expansion_ratio_fail_over_success
-        ks, kf = r.rows_per_traj_success_mean, r.rows_per_traj_failure_mean
-        if ratio >= 1.05:
-            parts.append(f"Failures expand {ratio:.1f}x more than successes ({kf:.1f} vs {ks:.1f} rows per trajectory)")
-        elif ratio <= 1 / 1.05:
-            parts.append(
-                f"Successes expand {1 / ratio:.1f}x more than failures ({ks:.1f} vs {kf:.1f} rows per trajectory)"
-            )
-        else:
-            parts.append(f"Successes and failures expand about equally ({ks:.1f} vs {kf:.1f} rows per trajectory)")
-        parts[-1] += (
-            f"; under {r.reducer} the failures carry {_pct(today.mass_share_failure)} of the objective mass, "
-            f"and OMA ({r.aligned_mass} mass) would give them {_pct(full.mass_share_failure)}."
-        )
-    else:
-        which = "a success" if not r.successes else "a failure"
-        parts.append(
-            f"None of the {r.trajectories} trajectories counts as {which} under the rule '{r.success_rule}', so the "
-            "outcome split is one-sided (pass a won column or --success-threshold if that is wrong)."
-        )
-    if r.mu_row_minus_mu_traj_abs_mean > 1e-12:
-        parts.append(
-            f"Counting each outcome once per row moves the group baselines by {r.mu_row_minus_mu_traj_mean:+.3g} on "
-            f"average (mean |shift| {r.mu_row_minus_mu_traj_abs_mean:.3g})."
-        )
-    else:
-        parts.append("Row and trajectory accounting agree on every group's baseline.")
-
-    def signed(x: float) -> str:
-        return "0" if x == 0 else _f(x, "+.3f")
-
-    push = (
-        f"Net signed push (Σ mass × advantage; negative = toward failures) is {signed(today.net_push)} today, "
-        f"{signed(oa.net_push)} with OA alone, {signed(ma.net_push)} with MA alone "
-        f"and {signed(full.net_push)} with both"
-    )
-    if oa.net_push < today.net_push - 1e-9 * (1 + abs(today.net_push)):
-        push += ": OA alone leans further toward failures than today, so switch OA and MA together."
-    else:
-        push += "."
-    parts.append(push)
-    d = r.direction_split.get("trajectory+aligned")
-    if d is not None and math.isfinite(d.cos_total):
-        parts.append(
-            f"Against today's update, full OMA keeps the within-group direction at cosine {d.cos_within:.2f} and the "
-            f"spread across groups at cosine {d.cos_between:.2f} (update size x{d.scale_ratio:.2f}); Mass Alignment "
-            f"moves {_pct(r.group_mass_shift_tv)} of the objective mass between groups."
-        )
-    parts.append(
-        f"Effective trajectories (Kish): {_pct(today.kish_ess_fraction)} of {r.trajectories} today, "
-        f"{_pct(full.kish_ess_fraction)} aligned."
-    )
-    n_deg = r.singleton_groups["trajectory"] + r.zero_spread_groups["trajectory"]
-    if n_deg:
-        parts.append(
-            f"Warning: {n_deg} of {r.groups} groups have one trajectory or one outcome, so their advantage is 0; they "
-            f"hold {_pct(today.degenerate_mass_share)} of today's mass."
-        )
-    if r.duplicated_rows:
-        parts.append(f"Warning: {r.duplicated_rows} rows repeat a (traj_id, step) pair; check the dump.")
-    return " ".join(parts)
+from oma.diagnostics.figures import AuditReport, verdict
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,6 +94,7 @@ def sections(r: AuditReport) -> list[Section]:
                 "duplicated rows (traj_id, step)",
                 "– (no step column)" if r.duplicated_rows is None else str(r.duplicated_rows),
             ],
+            *_dump_rows(r),
         ],
     )
     names = list(r.accountings)
@@ -328,6 +129,21 @@ def sections(r: AuditReport) -> list[Section]:
         ),
     )
     return [batch, mass, split]
+
+
+def _dump_rows(r: AuditReport) -> list[list[str]]:
+    """What the verl-agent reader found: padding copies and the invalid-action penalty."""
+    out = []
+    if r.padding_copies is not None:
+        pc = r.padding_copies
+        out.append([
+            "padding copies: rows / trajectories / share of today's mass",
+            f"{pc.rows} / {pc.trajectories} / {fmt(pc.mass['row+native'], '%')}",
+        ])
+    if r.dump.invalid_penalty is not None:
+        n = "– (no is_action_valid column)" if r.dump.invalid_actions is None else str(r.dump.invalid_actions)
+        out.append([f"invalid actions (−{r.dump.invalid_penalty:g} each on the row's score)", n])
+    return out
 
 
 def iterations_section(items: list[tuple[int, AuditReport]]) -> Section:

@@ -13,11 +13,19 @@ import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from oma.core import ACCOUNTINGS, MASSES, OBJECTIVES, REDUCERS
+from oma.core import ACCOUNTINGS, MASSES, OBJECTIVES, REDUCERS, Accounting, Estimator, Mass, Objective, Reducer
 
-ESTIMATORS = ("grpo", "rloo", "gigpo")
+TrainEstimator = Literal[Estimator, "gigpo"]
+"""``oma.core.Estimator`` plus GiGPO (:func:`oma.core.gigpo_advantages`)."""
+
+ESTIMATORS: tuple[str, ...] = get_args(Estimator) + ("gigpo",)
+
+if TYPE_CHECKING:  # type checkers see oma.core's Literals
+    _Estimator, _Accounting, _Objective, _Reducer, _Mass = TrainEstimator, Accounting, Objective, Reducer, Mass
+else:  # OmegaConf's structured configs (2.3) take no Literal: it sees str; values are checked in validate()
+    _Estimator = _Accounting = _Objective = _Reducer = _Mass = str
 
 
 class ConfigError(ValueError):
@@ -111,15 +119,15 @@ class WarmStartConfig:
 
 @dataclass
 class AlgoConfig:
-    estimator: str = "gigpo"
+    estimator: _Estimator = "gigpo"
     """``grpo`` | ``rloo`` | ``gigpo`` (see docs/math.md)."""
-    accounting: str = "trajectory"
+    accounting: _Accounting = "trajectory"
     """``row`` (verl-agent's stepwise baseline) | ``trajectory`` (Outcome Alignment)."""
-    objective: str = "ppo"
+    objective: _Objective = "ppo"
     """``ppo`` (clip-higher) | ``gspo`` (GSPO-token)."""
-    reducer: str = "token-mean"
+    reducer: _Reducer = "token-mean"
     """Native loss aggregation (verl's ``loss_agg_mode`` names)."""
-    mass: str = "uniform"
+    mass: _Mass = "uniform"
     """``native`` | ``uniform`` | ``group``: Mass Alignment target."""
     norm_by_std: bool = True
     """Divide group-relative advantages by the group std (False: Dr. GRPO)."""

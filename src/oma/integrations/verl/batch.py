@@ -286,15 +286,14 @@ def compute_oma_batch(
 
 
 def _metrics(rewards: Tensor, mask: Tensor, ids: SessionIds, weights: Tensor, options: OMAOptions, n_mb: int) -> dict[str, float]:
-    from oma.core.segments import segment_sum, segments
-
     active = mask.any(-1)
-    traj = segments(ids.traj_index[active]) if bool(active.any()) else None
     out: dict[str, float] = {"oma/optimizer_steps": float(n_mb)}
-    if traj is None:
+    if not bool(active.any()):
         return out
+    structure = core.batch_structure(ids.group_index[active], ids.traj_index[active])
+    traj = structure.traj
     rows_per_traj = traj.counts.to(torch.float64)
-    mass = segment_sum(weights[active].sum(-1), traj.inverse, traj.n)
+    mass = core.segment_sum(weights[active].sum(-1), traj.inverse, traj.n)
     out["oma/trajectories"] = float(traj.n)
     out["oma/rows_per_trajectory/mean"] = float(rows_per_traj.mean())
     out["oma/rows_per_trajectory/max"] = float(rows_per_traj.max())
@@ -302,7 +301,7 @@ def _metrics(rewards: Tensor, mask: Tensor, ids: SessionIds, weights: Tensor, op
         out["oma/effective_trajectories"] = float(mass.sum() ** 2 / (mass * mass).sum())  # Kish, docs/audit.md
     stats = core.group_outcome_stats(
         rewards.detach().cpu().sum(-1).to(torch.float64)[active], ids.group_index[active], ids.traj_index[active],
-        accounting=options.accounting,
+        accounting=options.accounting, structure=structure,
     )
     out["oma/degenerate_groups"] = float(stats.degenerate.sum())
     out["oma/groups"] = float(stats.group_ids.shape[0])

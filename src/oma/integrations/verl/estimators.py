@@ -59,22 +59,6 @@ def dense_ids(values: Any, *, name: str = "ids") -> Tensor:
     return torch.tensor(out, dtype=torch.int64)
 
 
-def rows_in_trajectory(traj_index: Tensor) -> Tensor:
-    """Order of appearance of each row inside its trajectory (0, 1, ...), int64 [R]."""
-    rows = traj_index.shape[0]
-    if rows == 0:
-        return torch.zeros(0, dtype=torch.int64)
-    order = torch.argsort(traj_index, stable=True)
-    sorted_t = traj_index[order]
-    start = torch.ones(rows, dtype=torch.bool)
-    start[1:] = sorted_t[1:] != sorted_t[:-1]
-    pos = torch.arange(rows)
-    seg_start = torch.cummax(torch.where(start, pos, torch.zeros_like(pos)), dim=0).values
-    out = torch.empty(rows, dtype=torch.int64)
-    out[order] = pos - seg_start
-    return out
-
-
 def terminal_step_rewards(scores: Tensor, traj_index: Tensor, step_index: Tensor) -> Tensor:
     """The row's score on its trajectory's last step (largest ``step_index``), 0 on earlier rows."""
     traj = torch.unique(traj_index, return_inverse=True)[1]
@@ -214,7 +198,11 @@ def compute_oma_gigpo_advantage(
         anchor = core.anchor_ids([str(s) for s in (obs.tolist() if isinstance(obs, np.ndarray) else obs)])
     anchor = torch.as_tensor(anchor, dtype=torch.int64).cpu()
     step_index = _lookup(kwargs, non_tensor_batch, "step_index")
-    step_index = rows_in_trajectory(traj_index) if step_index is None else torch.as_tensor(step_index, dtype=torch.int64).cpu()
+    structure = core.batch_structure(groups, traj_index)
+    if step_index is None:  # the rows of a trajectory arrive in step order
+        step_index = structure.position_in_trajectory()
+    else:
+        step_index = torch.as_tensor(step_index, dtype=torch.int64).cpu()
     step_rewards = _lookup(kwargs, non_tensor_batch, "step_rewards")
     if step_rewards is None:
         step_rewards = terminal_step_rewards(scores, traj_index, step_index)
@@ -223,7 +211,7 @@ def compute_oma_gigpo_advantage(
         adv = core.gigpo_advantages(
             scores, step_rewards, anchor, groups, traj_index, step_index,
             accounting=options.accounting, norm_by_std=options.norm_by_std, gamma=options.gamma,
-            step_advantage_w=options.step_advantage_w, eps=options.eps,
+            step_advantage_w=options.step_advantage_w, eps=options.eps, structure=structure,
         )
     return _broadcast(adv, response_mask, token_level_rewards)
 

@@ -1,4 +1,5 @@
-"""Input checks shared by every public function of :mod:`oma.core`.
+"""Input checks shared by every public function of :mod:`oma.core` and by its callers (the audit,
+the integrations), so that every layer words a bad argument the same way.
 
 Each check raises ``ValueError`` (or ``TypeError`` for a non-tensor) whose message names the
 offending argument, what was found and what was expected, so a bad batch fails at the door
