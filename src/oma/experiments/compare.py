@@ -16,28 +16,32 @@ Resumable: a run with ``summary.json`` covering H iterations is reused; a run di
 checkpoint is resumed (``train(..., resume=True)``, which also extends a shorter finished run to H);
 anything else is (re)started fresh. Warm starts are built first, one seed at a time, so parallel
 jobs (``--jobs N``, worker processes) never race on the cache.
+
+This module is the command; the plan (runs, their configs, reuse or resume) is
+:mod:`oma.experiments.plan`, one run :mod:`oma.experiments.worker`, the progress bars
+:mod:`oma.experiments.progress`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import copy
 import datetime as _dt
 import json
 import os
-import platform
 import shlex
 import shutil
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-from oma.experiments.variants import VARIANT_SETS, Variant, variant_set
+from oma.experiments.plan import MAY_DIFFER, CompareError, Run, machine_info, run_config, run_key, run_state
+from oma.experiments.progress import _Display
+from oma.experiments.variants import VARIANT_SETS, variant_set
+from oma.experiments.worker import _quiet_hf, execute_run
 from oma.train.config import config_diff
+
+__all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
 
 SCHEMA_VERSION = 1
 
@@ -51,232 +55,9 @@ RESERVED: dict[str, str] = {
 }
 """Config keys `oma compare` sets itself: an override of one is an error naming the right flag."""
 
-MAY_DIFFER = ("iterations", "out_dir", "threads")
-"""Config keys a saved run may differ in from the planned one (horizon, location, CPU threads)."""
-
-
-class CompareError(ValueError):
-    """A bad argument or an output directory that does not fit the command; the message says which."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage block
         raise CompareError(message)
-
-
-# ------------------------------------------------------------------------------------------------
-# Plan
-
-
-@dataclass
-class Run:
-    """One (variant, seed) run of the comparison."""
-
-    variant: Variant
-    seed: int
-    run_dir: Path
-    cfg: Any  # TrainConfig
-    state: str = "fresh"
-    """``done`` (reused), ``resume`` (from its checkpoint) or ``fresh``."""
-
-    @property
-    def key(self) -> str:
-        return f"{self.variant.name}/seed-{self.seed}"
-
-
-def run_key(variant: str, seed: int) -> str:
-    """``<variant>/seed-<k>``: the run's key in compare.json and its folder under DIR."""
-    return f"{variant}/seed-{seed}"
-
-
-def run_config(base, variant: Variant, seed: int, horizon: int, run_dir: Path):
-    """The TrainConfig of one run: ``base`` with the variant's switches, the seed and the horizon."""
-    cfg = copy.deepcopy(base)
-    cfg.algo.accounting = variant.accounting
-    cfg.algo.mass = variant.mass
-    cfg.seed = seed
-    cfg.iterations = horizon
-    cfg.out_dir = str(run_dir)
-    cfg.dump_batches = True
-    return cfg
-
-
-def run_state(run: Run) -> str:
-    """Decide what to do with ``run``'s directory: ``done``, ``resume`` or ``fresh``.
-
-    Raises CompareError when the directory holds a run of another config (only ``iterations``,
-    ``out_dir`` and ``threads`` may differ).
-    """
-    from oma.train.config import to_dict
-
-    d = run.run_dir
-    if not d.is_dir():
-        return "fresh"
-    if (d / "config.json").is_file():
-        diff = config_diff(json.loads((d / "config.json").read_text()), to_dict(run.cfg), MAY_DIFFER)
-        if diff:
-            raise CompareError(
-                f"{d} holds a run of another config: it differs in {', '.join(diff)}; "
-                "use another --out or remove that directory"
-            )
-    summary = d / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("iterations", 0) >= run.cfg.iterations:
-        return "done"
-    if (d / "checkpoints" / "latest").is_file():
-        return "resume"
-    return "fresh"
-
-
-def machine_info(jobs: int, threads: int) -> dict[str, Any]:
-    """Where the comparison ran: platform, CPUs, library versions, parallelism."""
-    import torch
-
-    import oma
-
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        usable = os.cpu_count()
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "usable_cpus": usable,
-        "torch": torch.__version__,
-        "oma": oma.__version__,
-        "jobs": jobs,
-        "threads_per_run": threads,
-    }
-
-
-# ------------------------------------------------------------------------------------------------
-# Running one run (also the worker of --jobs N: module-level, picklable arguments)
-
-
-@contextlib.contextmanager
-def _quiet_hf():
-    """No tqdm bars from transformers (model saving/loading) over the progress display."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        yield
-        return
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
-def _sync_threads(run_dir: Path, threads: int) -> None:
-    """Let a resumed run use this invocation's thread count (train() refuses a config that differs)."""
-    from oma.train.checkpoint import atomic_write_text
-
-    path = run_dir / "config.json"
-    saved = json.loads(path.read_text())
-    if saved.get("threads") != threads:
-        saved["threads"] = threads
-        atomic_write_text(path, json.dumps(saved, indent=2))
-
-
-def execute_run(cfg, run_dir: str, resume: bool, threads: int | None) -> dict[str, Any]:
-    """Train (or resume) one run into ``run_dir``; its console output goes to ``run_dir/train.log``.
-
-    ``threads`` (None = the config's) is written into the config, so ``train`` sets torch's CPU
-    threads to it. Returns the wall time and iterations.
-    """
-    import torch
-    from rich.console import Console
-
-    from oma.train import loop
-
-    path = Path(run_dir)
-    if threads is not None:
-        cfg.threads = threads
-    if resume:
-        _sync_threads(path, cfg.threads)
-    torch.set_num_threads(cfg.threads)
-    path.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with _quiet_hf(), (path / "train.log").open("a", encoding="utf-8") as fh:
-        console = Console(file=fh, width=120, force_terminal=False, color_system=None)
-        summary = loop.train(cfg, path, resume=resume, console=console)
-    return {"wall_time_s": time.perf_counter() - t0, "iterations": int(summary["iterations"])}
-
-
-# ------------------------------------------------------------------------------------------------
-# Progress display across runs
-
-
-def _last_iteration(run_dir: Path) -> int | None:
-    path = run_dir / "metrics.jsonl"
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    lines = [ln for ln in text.split("\n")[:-1] if ln]  # complete lines only
-    if not lines:
-        return None
-    try:
-        return int(json.loads(lines[-1])["iteration"])
-    except (ValueError, KeyError):
-        return None
-
-
-class _Display:
-    """A rich progress display: an overall bar (runs done / total, the runs now training) and one bar
-    per active run (its iterations, read from its metrics.jsonl by a polling thread)."""
-
-    def __init__(self, console, total: int, done: int, horizon: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=False)
-        self.horizon = horizon
-        self.overall = self.progress.add_task("runs", total=total, completed=done)
-        self.active: dict[str, tuple[Any, Path]] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-
-    def __enter__(self) -> Self:
-        self.progress.__enter__()
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join(timeout=2)
-        self.progress.__exit__(*exc)
-
-    def _describe(self) -> None:
-        now = ", ".join(self.active) or "-"
-        self.progress.update(self.overall, description=f"runs (now: {now})")
-
-    def start(self, key: str, run_dir: Path) -> None:
-        with self.lock:
-            start = _last_iteration(run_dir) if (run_dir / "metrics.jsonl").is_file() else 0
-            task = self.progress.add_task(f"  {key}", total=self.horizon, completed=start or 0)
-            self.active[key] = (task, run_dir)
-            self._describe()
-
-    def finish(self, key: str) -> None:
-        with self.lock:
-            task, _ = self.active.pop(key)
-            self.progress.remove_task(task)
-            self.progress.advance(self.overall)
-            self._describe()
-
-    def _poll(self) -> None:
-        while not self.stop.wait(0.5):
-            with self.lock:
-                for task, run_dir in self.active.values():
-                    it = _last_iteration(run_dir)
-                    if it is not None:
-                        self.progress.update(task, completed=it)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""The plan of `oma compare`: its runs (variant × seed), each run's config, and what to do with a run
+directory that already exists (reuse, resume or start fresh)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oma.experiments.variants import Variant
+from oma.train.config import config_diff
+
+MAY_DIFFER = ("iterations", "out_dir", "threads")
+"""Config keys a saved run may differ in from the planned one (horizon, location, CPU threads)."""
+
+
+class CompareError(ValueError):
+    """A bad argument or an output directory that does not fit the command; the message says which."""
+
+
+
+
+@dataclass
+class Run:
+    """One (variant, seed) run of the comparison."""
+
+    variant: Variant
+    seed: int
+    run_dir: Path
+    cfg: Any  # TrainConfig
+    state: str = "fresh"
+    """``done`` (reused), ``resume`` (from its checkpoint) or ``fresh``."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant.name}/seed-{self.seed}"
+
+
+def run_key(variant: str, seed: int) -> str:
+    """``<variant>/seed-<k>``: the run's key in compare.json and its folder under DIR."""
+    return f"{variant}/seed-{seed}"
+
+
+def run_config(base, variant: Variant, seed: int, horizon: int, run_dir: Path):
+    """The TrainConfig of one run: ``base`` with the variant's switches, the seed and the horizon."""
+    cfg = copy.deepcopy(base)
+    cfg.algo.accounting = variant.accounting
+    cfg.algo.mass = variant.mass
+    cfg.seed = seed
+    cfg.iterations = horizon
+    cfg.out_dir = str(run_dir)
+    cfg.dump_batches = True
+    return cfg
+
+
+def run_state(run: Run) -> str:
+    """Decide what to do with ``run``'s directory: ``done``, ``resume`` or ``fresh``.
+
+    Raises CompareError when the directory holds a run of another config (only ``iterations``,
+    ``out_dir`` and ``threads`` may differ).
+    """
+    from oma.train.config import to_dict
+
+    d = run.run_dir
+    if not d.is_dir():
+        return "fresh"
+    if (d / "config.json").is_file():
+        diff = config_diff(json.loads((d / "config.json").read_text()), to_dict(run.cfg), MAY_DIFFER)
+        if diff:
+            raise CompareError(
+                f"{d} holds a run of another config: it differs in {', '.join(diff)}; "
+                "use another --out or remove that directory"
+            )
+    summary = d / "summary.json"
+    if summary.is_file() and json.loads(summary.read_text()).get("iterations", 0) >= run.cfg.iterations:
+        return "done"
+    if (d / "checkpoints" / "latest").is_file():
+        return "resume"
+    return "fresh"
+
+
+def machine_info(jobs: int, threads: int) -> dict[str, Any]:
+    """Where the comparison ran: platform, CPUs, library versions, parallelism."""
+    import torch
+
+    import oma
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count()
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable,
+        "torch": torch.__version__,
+        "oma": oma.__version__,
+        "jobs": jobs,
+        "threads_per_run": threads,
+    }
