@@ -51,16 +51,23 @@ def test_worked_example_gives_oma_core_values():
     assert out.metrics["oma/trajectories"] == 12 and out.metrics["oma/optimizer_steps"] == 1
 
 
-def test_weights_are_computed_per_minibatch():
+def test_native_weights_per_minibatch_aligned_weights_over_the_step():
+    """mass native is verl's reducer on each mini-batch; Mass Alignment is the whole step's weights × k, so
+    a trajectory cut by a mini-batch boundary keeps its mass (docs/verl.md#exact-mass)."""
     keys, rewards, mask, g, t, _ = session_batch([[2, 3, 1, 2], [1, 3, 2, 2]], [[1, 0, 0, 1], [0, 1, 1, 0]])
     cfg = trainer_config().algorithm
     cfg.oma.reducer = "seq-mean-token-mean"
-    cfg.oma.mass = "group"
+    cfg.oma.mass = "native"
     out = compute_oma_batch(rewards, mask, keys, cfg, dp_size=2, mini_batch_rows=8)
     assert len(out.minibatches) == 2
     for idx in out.minibatches:
-        torch.testing.assert_close(out.weights[idx], core.token_weights(mask[idx], g[idx], t[idx], reducer="seq-mean-token-mean", mass="group"))
-        assert float(out.weights[idx].sum()) == pytest.approx(1.0)  # each optimizer step: total mass 1
+        torch.testing.assert_close(out.weights[idx], core.token_weights(mask[idx], g[idx], t[idx], reducer="seq-mean-token-mean", mass="native"))
+        assert float(out.weights[idx].sum()) == pytest.approx(1.0)  # verl's normaliser: total 1 per optimizer step
+    cfg.oma.mass = "group"
+    out = compute_oma_batch(rewards, mask, keys, cfg, dp_size=2, mini_batch_rows=8)
+    torch.testing.assert_close(out.weights, 2 * core.token_weights(mask, g, t, reducer="seq-mean-token-mean", mass="group"))
+    group_mass = core.segment_sum(out.weights.sum(-1), g, 2)
+    torch.testing.assert_close(group_mass, torch.ones(2, dtype=torch.float64))  # each group 1/G of k = 2
 
 
 def test_check_trainer_config_accepts_the_supported_setup():
@@ -123,3 +130,40 @@ def test_options_defaults_and_validation():
         OMAOptions.from_algorithm_config({"oma": {"acounting": "row"}})
     with pytest.raises(ValueError, match="accounting"):
         OMAOptions.from_algorithm_config({"oma": {"accounting": "rows"}})
+
+
+def test_check_trainer_config_refuses_a_critic():
+    cfg = trainer_config()
+    cfg.critic = {"enable": True}
+    with pytest.raises(UnsupportedConfigError, match="critic.enable=True"):
+        check_trainer_config(cfg)
+    cfg.critic.enable = False
+    check_trainer_config(cfg)
+
+
+def test_outcome_final_is_verls_final_row_rule():
+    """Trajectory a: rows scored 0, 0, 1 (a reward model scoring every row); b: 0, 0; c: 1; d: 0.5, 0.
+    mean: R = 1/3, 0, 1, 0.25. final: R = 1, 0, 1, 0 (the last row's score, broadcast)."""
+    from oma.integrations.verl.estimators import final_row_scores
+
+    rewards = torch.zeros(8, 3)
+    rewards[:, -1] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.5, 0.0])
+    mask = torch.ones(8, 3)
+    uid = np.array(["g"] * 8, dtype=object)
+    traj = np.array(["a", "a", "a", "b", "b", "c", "d", "d"], dtype=object)
+    step = torch.tensor([0, 1, 2, 0, 1, 0, 0, 1])
+    g = torch.zeros(8, dtype=torch.int64)
+    t = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3])
+    scores = rewards.sum(-1).double()
+    assert final_row_scores(scores, t, step).tolist() == [1, 1, 1, 0, 0, 1, 0, 0]
+    assert final_row_scores(scores, t, torch.tensor([2, 1, 0, 0, 1, 0, 1, 0])).tolist() == [0, 0, 0, 0, 0, 1, 0.5, 0.5]
+    for outcome, r in (("mean", [1 / 3, 0, 1, 0.25]), ("final", [1, 0, 1, 0])):
+        cfg = {"oma": {"mass": "native", "outcome": outcome}}
+        adv, _ = ESTIMATOR_FUNCTIONS["oma_grpo"](rewards, mask, uid, cfg, traj_index=traj, step_index=step)
+        expected = core.outcome_advantages(torch.tensor(r, dtype=torch.float64)[t], g, t).float()
+        torch.testing.assert_close(adv[:, 0], expected)
+    adv_rows, _ = ESTIMATOR_FUNCTIONS["oma_grpo"](rewards, mask, uid, {"oma": {"mass": "native", "outcome": "final"}},
+                                                  traj_index=traj)  # no step_index: the row order
+    torch.testing.assert_close(adv_rows, adv)
+    with pytest.raises(ValueError, match="algorithm.oma.outcome"):
+        OMAOptions.from_algorithm_config({"oma": {"outcome": "last"}})

@@ -22,7 +22,6 @@ from oma.integrations.verl.batch import (
     compute_oma_batch,
     minibatch_rows,
     parse_session_keys,
-    trajectory_minibatch_order,
 )
 from oma.integrations.verl.trainer_mixin import OMATrainerMixin
 from verl.trainer.ppo import core_algos  # noqa: F401  (registers oma's estimators through the hook)
@@ -45,23 +44,77 @@ def test_minibatch_rows_matches_verls_dispatch_and_iterator():
         minibatch_rows(25, 3, 6)
 
 
-def test_trajectory_minibatch_order_keeps_trajectories_whole():
-    keys, *_ = session_batch([[3, 5, 2, 4], [6, 1, 3, 4]], [[0] * 4, [0] * 4])
-    keys = keys + [f"padabc_{i}_0" for i in range(4)]  # verl's padding rows: 32 rows in all
-    shuffled = torch.randperm(len(keys), generator=torch.Generator().manual_seed(0)).tolist()
-    keys = [keys[i] for i in shuffled]
-    seq_lens = [100 + 7 * (i % 5) for i in range(len(keys))]
-    dp, mini = 2, 8
-    perm = trajectory_minibatch_order(keys, seq_lens, dp, mini, is_padding=[k.startswith("pad") for k in keys])
-    assert sorted(perm) == list(range(len(keys)))
-    new_keys = [keys[p] for p in perm]
-    sessions_per_mb = []
-    for idx in minibatch_rows(len(keys), dp, mini):
-        sessions_per_mb.append({new_keys[i].rsplit("_", 1)[0] for i in idx.tolist()})
-    real = [s for s in {k.rsplit("_", 1)[0] for k in keys} if not s.startswith("pad")]
-    split = [s for s in real if sum(s in mb for mb in sessions_per_mb) > 1]
-    assert len(split) <= len(sessions_per_mb) - 1  # cut only at mini-batch boundaries
-    assert all(k.startswith("pad") for k in (new_keys[i] for i in minibatch_rows(len(keys), dp, mini)[-1].tolist()[-2:]))
+def _session_keys(lengths: list[list[int]]) -> list[str]:
+    """verl's keys for groups of trajectories of the given row counts, uids g0, g1, ..."""
+    return [f"g{g}_{t}_{k}" for g, trajs in enumerate(lengths) for t, n in enumerate(trajs) for k in range(n)]
+
+
+def test_masses_are_exact_when_trajectories_straddle_minibatches():
+    """The issue's case: 4 trajectories of 3 rows, 4-row mini-batches (k = 3). Per-mini-batch weights
+    gave masses 0.5, 1, 1, 0.5 (in units of one step); over the step each trajectory gets k/T = 0.75."""
+    keys = _session_keys([[3, 3], [3, 3]])
+    rewards = torch.zeros(12, 5)
+    rewards[:, -1] = torch.tensor([1.0] * 3 + [0.0] * 3 + [1.0] * 3 + [0.0] * 3)
+    mask = torch.ones(12, 5, dtype=torch.bool)
+    mask[::2, 3:] = False  # rows of 3 and 5 tokens: token-mean's native mass follows tokens
+    for mass in ("uniform", "group"):
+        cfg = trainer_config()
+        cfg.algorithm.oma.mass = mass
+        out = compute_oma_batch(rewards, mask, keys, cfg.algorithm, dp_size=1, mini_batch_rows=4)
+        ids = out.ids
+        traj_mass = core.segment_sum(out.weights.sum(-1), ids.traj_index, 4)
+        torch.testing.assert_close(traj_mass, torch.full((4,), 0.75, dtype=torch.float64))
+        per_step = [float(out.weights[idx].sum()) for idx in out.minibatches]
+        assert sum(per_step) == pytest.approx(3.0)  # k steps of total 1 on average
+        # equal to oma.core over the whole step, times k
+        full = core.token_weights(mask, ids.group_index, ids.traj_index, mass=mass)
+        torch.testing.assert_close(out.weights, 3 * full)
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+@pytest.mark.parametrize("mass", ["uniform", "group", "native"])
+def test_gradient_over_minibatches_equals_the_full_step(dp, mass):
+    """Σ over mini-batches (and ranks) of verl's token-sum loss Σ mask·ℓ(A·W), at ρ = 1, has the gradient
+    of k·oma.core.weighted_loss(ℓ(A), W_step) for MA, and of verl's per-mini-batch reducer for native."""
+    keys = _session_keys([[2, 5, 1], [4, 1, 3], [6, 2]])  # 24 rows, uneven trajectories
+    keys = keys + [f"padfeed_{i}_0" for i in range(8)]  # verl's padding rows: 32 rows
+    rows, L = len(keys), 6
+    gen = torch.Generator().manual_seed(7)
+    perm = torch.randperm(rows, generator=gen).tolist()  # verl's balancing scatters trajectories
+    keys = [keys[i] for i in perm]
+    mask = torch.rand(rows, L, generator=gen) < 0.8
+    mask[:, 0] = True
+    for i, k in enumerate(keys):
+        if k.startswith("pad"):
+            mask[i] = False
+    rewards = torch.zeros(rows, L)
+    rewards[:, -1] = (torch.rand(rows, generator=gen) < 0.5).float()
+    cfg = trainer_config()
+    cfg.algorithm.oma.mass = mass
+    cfg.algorithm.oma.accounting = "row"  # row scores may differ inside a trajectory: any advantage will do
+    out = compute_oma_batch(rewards, mask, keys, cfg.algorithm, dp_size=dp, mini_batch_rows=4 * dp)
+    k = len(out.minibatches)
+    assert k == rows // (4 * dp)
+    logp = torch.randn(rows, L, generator=gen, dtype=torch.float64, requires_grad=True)
+    a_w = out.weighted_advantages.detach().to(torch.float64)
+    total = 0.0
+    for idx in out.minibatches:  # verl: each rank's piece, token-sum, gradients summed over ranks
+        for rank_rows in idx.chunk(dp):
+            ratio = torch.exp(logp[rank_rows] - logp[rank_rows].detach())
+            total = total + (-(a_w[rank_rows] * ratio) * mask[rank_rows]).sum()
+    (g_verl,) = torch.autograd.grad(total, logp)
+    adv = out.advantages.detach().to(torch.float64)
+    ratio = torch.exp(logp - logp.detach())
+    ell = -(adv * ratio)
+    if mass == "native":
+        expected = sum(core.weighted_loss(ell[idx], core.token_weights(mask[idx], out.ids.group_index[idx],
+                                                                       out.ids.traj_index[idx], mass="native"))
+                       for idx in out.minibatches)
+    else:
+        expected = k * core.weighted_loss(ell, core.token_weights(mask, out.ids.group_index, out.ids.traj_index,
+                                                                  mass=mass))
+    (g_full,) = torch.autograd.grad(expected, logp)
+    torch.testing.assert_close(g_verl, g_full, rtol=1e-6, atol=1e-9)
 
 
 # --------------------------------------------------------------- the mixin over a stand-in trainer
@@ -102,7 +155,8 @@ class _StandInTrainer:
         self.config = config
         self.trainer_mode = config.trainer.v1.trainer_mode  # as PPOTrainer.__init__ does
 
-    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+    def _compute_old_log_prob(self, batch, metrics):
+        metrics["actor/entropy"] = 2.0 * 23  # verl's agg_loss under token-sum: Σ over the step's 23 tokens of 2.0
         return batch
 
 
@@ -139,7 +193,6 @@ def test_mixin_computes_oma_advantages_from_session_keys(estimator):
     assert trainer.trainer_mode == "sync" and trainer._oma_trainer_name == "oma_sync"
     assert trainer._oma_mini_batch_rows(34) is None and trainer._oma_mini_batch_rows(32) == 8
 
-    meta = trainer._balance_batch(meta, {})  # 4 mini-batches: rows regrouped into whole trajectories
     metrics = {}
     trainer._compute_advantage(meta, metrics)
     written_keys, fields = tq.written
@@ -163,18 +216,16 @@ def test_mixin_computes_oma_advantages_from_session_keys(estimator):
         anchor = prompt_anchor_ids([rows[k]["prompts"] for k in meta.keys])
         step_rewards = terminal_step_rewards(scores, ids.traj_index, ids.step_index)
         adv = core.gigpo_advantages(scores, step_rewards, anchor, ids.group_index, ids.traj_index, ids.step_index)
-    weights = torch.zeros(R, L, dtype=torch.float64)
-    for idx in minibatch_rows(R, 2, 8):
-        weights[idx] = core.token_weights(full_mask[idx], ids.group_index[idx], ids.traj_index[idx])
+    weights = 4 * core.token_weights(full_mask, ids.group_index, ids.traj_index)  # the whole step, × 4 mini-batches
     got = fields["advantages"].to_padded_tensor(0.0)
     torch.testing.assert_close(got, (adv.unsqueeze(-1) * weights).float()[:, : got.shape[1]])
     torch.testing.assert_close(fields["returns"].to_padded_tensor(0.0), (adv.unsqueeze(-1) * full_mask).float()[:, : got.shape[1]])
     assert metrics["oma/optimizer_steps"] == 4.0 and metrics["oma/trajectories"] == 7.0
-    # every mini-batch (one optimizer step) carries total mass 1 and holds whole trajectories but at its edges
-    sessions = [{ids.sessions[i] for i in idx.tolist() if full_mask[i].any()} for idx in minibatch_rows(R, 2, 8)]
-    assert sum(len(s) for s in sessions) <= 7 + 3
-    for idx in minibatch_rows(R, 2, 8):
-        assert float(weights[idx].sum()) == pytest.approx(1.0)
+    # each trajectory 4/7 of the step's objective, wherever its rows lie (shuffled over the 4 mini-batches)
+    traj_mass = core.segment_sum(weights.sum(-1), ids.traj_index, int(ids.traj_index.max()) + 1)
+    real = [t for t in range(traj_mass.shape[0]) if not ids.sessions[int((ids.traj_index == t).nonzero()[0])].startswith("pad")]
+    torch.testing.assert_close(traj_mass[real], torch.full((7,), 4 / 7, dtype=torch.float64))
+    assert sum(float(weights[idx].sum()) for idx in minibatch_rows(R, 2, 8)) == pytest.approx(4.0)
 
 
 def test_mixin_refuses_unsupported_config_before_building_anything():
@@ -223,3 +274,23 @@ def test_trainer_side_gigpo_anchors_on_prompts_and_equals_oma_core():
     torch.testing.assert_close(out.advantages, (expected.unsqueeze(-1) * mask).float())
     with pytest.raises(ValueError, match="anchor"):
         compute_oma_batch(rewards, mask, keys, cfg)
+
+
+def test_entropy_metric_is_per_token():
+    rows = {f"g0_{t}_0": {"uid": "g0", "response_mask": torch.ones(n, dtype=torch.long)} for t, n in enumerate([5, 8, 10])}
+    tq = _TQ(rows)
+    metrics = {}
+    _trainer(trainer_config(), tq)._compute_old_log_prob(_Meta(list(rows), [{}] * 3), metrics)
+    assert metrics["actor/entropy"] == pytest.approx(2.0)
+
+
+def test_separate_async_reads_verls_own_keys():
+    """verl's PPOTrainer reads ``trainer.v1.<trainer_mode>.parameter_sync_step``; on oma's trainer that is the
+    base mode's node (``separate_async``), where verl's config keeps it, not ``oma_separate_async``."""
+    import oma.integrations.verl.trainer as trainer_mod  # verl's v1 trainer stack: oma[verl] installs it
+    obj = object.__new__(trainer_mod.OMATrainerSeparateAsync)
+    cfg = OmegaConf.create({"trainer": {"v1": {"trainer_mode": "oma_separate_async",
+                                               "separate_async": {"parameter_sync_step": 4}}}})
+    obj.trainer_mode = cfg.trainer.v1.trainer_mode  # as PPOTrainer.__init__ does
+    assert obj.trainer_mode == "separate_async" and obj._oma_trainer_name == "oma_separate_async"
+    assert cfg.trainer.v1.get(obj.trainer_mode, {}).get("parameter_sync_step", 1) == 4  # PPOTrainer.__init__'s read

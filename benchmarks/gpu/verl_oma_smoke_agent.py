@@ -47,7 +47,10 @@ class MultiStepSmokeAgentLoop(AgentLoopBase):
                     response_logprobs=logprobs,
                     num_turns=2,
                     metrics=metrics,
-                    extra_fields={"turn_scores": [], "tool_rewards": []},
+                    # the server's own fields (global_steps, min/max_global_steps: the weights version that
+                    # generated the turn) go through, as verl's single-turn loop passes them; verl's trainer
+                    # reads min_global_steps of every row after the first update
+                    extra_fields={**out.extra_fields, "turn_scores": [], "tool_rewards": []},
                 )
             )
             if step >= 1 and len(response_ids) % 2 == 1:  # episodes end after 2..4 steps: uneven lengths

@@ -1,4 +1,4 @@
-r"""Trainer-side OMA for verl: session keys → trajectories, OA advantages, MA weights per mini-batch.
+r"""Trainer-side OMA for verl: session keys → trajectories, OA advantages, MA weights over the step.
 
 Pure functions (torch + :mod:`oma.core`; verl only for its seq-len balancer), used by
 :mod:`oma.integrations.verl.trainer` and testable without verl's trainer stack.
@@ -21,16 +21,22 @@ involve A). Hence with ``A' = A·W``::
 
     Σ_r Σ_l mask·ℓ(A·W) = Σ_r Σ_l W·ℓ(A) = oma.core.weighted_loss(ℓ(A), W)
 
-for any micro-batch split, any data-parallel size and any dynamic batch sizing. ``W`` is computed
-on each PPO **mini-batch** (one optimizer step), never on a micro-batch (docs/math.md#invariances (2)).
+for any micro-batch split, any data-parallel size and any dynamic batch sizing.
 
 **Which rows form a mini-batch.** verl splits the step's batch into ``dp_size`` contiguous chunks
 (one per data-parallel rank) and each rank cuts its chunk, unshuffled (``actor.shuffle=false``),
 into consecutive local mini-batches of ``ppo_mini_batch_size·n/dp_size`` rows; global mini-batch
-``i`` is the union of the ranks' ``i``-th pieces (:func:`minibatch_rows`). When the step has more
-than one mini-batch, :func:`trajectory_minibatch_order` reorders the rows so each mini-batch holds
-whole trajectories (cut only at mini-batch boundaries, groups kept together), then balances the
-ranks' token work inside each mini-batch with verl's own partitioner.
+``i`` is the union of the ranks' ``i``-th pieces (:func:`minibatch_rows`). Those boundaries fall
+wherever verl's balancing put the rows, so a trajectory can lie in several mini-batches.
+
+**Where W is computed.** ``mass: native`` reproduces verl: the reducer over each PPO mini-batch,
+as verl normalises it. Mass Alignment (``uniform``, ``group``) computes W once over the **whole
+step** (:func:`oma.core.token_weights`, Σ W = 1, padding rows with no trainable token get none)
+and multiplies it by the number of mini-batches k, so each trajectory keeps exactly its intended
+share of the step's objective (w_τ·k, summed over the mini-batches it lies in) whatever the
+mini-batch boundaries, padding and data-parallel split, and each optimizer step carries a total
+of 1 on average, as under verl's per-mini-batch normalisation. (W computed per mini-batch would give
+a trajectory cut by a boundary the weight of a whole one in each part.) docs/verl.md#exact-mass.
 """
 
 from __future__ import annotations
@@ -120,60 +126,6 @@ def minibatch_rows(n_rows: int, dp_size: int, mini_batch_rows: int) -> list[Tens
     return [(rank_start + i * local + torch.arange(local)).reshape(-1) for i in range(per_rank // local)]
 
 
-def trajectory_minibatch_order(
-    keys: Sequence[str],
-    seq_lens: Sequence[int],
-    dp_size: int,
-    mini_batch_rows: int,
-    *,
-    is_padding: Sequence[bool] | None = None,
-    balance: Callable[[list[int], int], list[list[int]]] | None = None,
-) -> list[int]:
-    """A row order under which every global mini-batch holds whole trajectories (cut only at its edges).
-
-    Real rows are sorted by (uid, session, output index), so groups and trajectories are contiguous
-    and uids (random UUIDs in verl) shuffle the groups from step to step; verl's padding rows go
-    last. The sequence is cut into consecutive mini-batches of ``mini_batch_rows`` rows; inside each,
-    rows are dealt to ranks by ``balance(workloads, dp_size)`` (default: verl's Karmarkar-Karp
-    ``get_seqlen_balanced_partitions`` on ``calculate_workload`` of the sequence lengths, equal
-    sizes), and placed where :func:`minibatch_rows` reads them. Returns ``perm``: new position p
-    holds old row ``perm[p]`` (what ``KVBatchMeta.reorder`` takes).
-    """
-    n = len(keys)
-    if len(seq_lens) != n:
-        raise ValueError(f"seq_lens has {len(seq_lens)} rows, keys {n}")
-    pad = [False] * n if is_padding is None else [bool(p) for p in is_padding]
-    sort_key = []
-    for row, key in enumerate(keys):
-        uid, session, index = str(key).rsplit("_", 2)
-        session_key: tuple = (0, int(session), "") if session.lstrip("-").isdigit() else (1, 0, session)
-        sort_key.append((pad[row], uid, session_key, int(index), row))
-    order = [item[-1] for item in sorted(sort_key)]
-    chunks = minibatch_rows(n, dp_size, mini_batch_rows)  # validates the sizes
-    local = mini_batch_rows // dp_size
-    if balance is None:
-        balance = _verl_balance
-    perm = [0] * n
-    for i, positions in enumerate(chunks):
-        members = order[i * mini_batch_rows : (i + 1) * mini_batch_rows]
-        parts = balance([int(seq_lens[r]) for r in members], dp_size) if dp_size > 1 else [list(range(len(members)))]
-        if len(parts) != dp_size or any(len(p) != local for p in parts):
-            raise ValueError(f"balance must return {dp_size} parts of {local} rows each")
-        flat = [members[j] for part in parts for j in sorted(part)]
-        for pos, row in zip(positions.tolist(), flat, strict=True):
-            perm[pos] = row
-    if sorted(perm) != list(range(n)):
-        raise AssertionError("trajectory_minibatch_order produced no permutation")  # pragma: no cover
-    return perm
-
-
-def _verl_balance(seq_lens: list[int], k: int) -> list[list[int]]:
-    from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
-
-    workloads = calculate_workload(torch.tensor(seq_lens, dtype=torch.int64)).tolist()
-    return get_seqlen_balanced_partitions(workloads, k_partitions=k, equal_size=True)
-
-
 # ------------------------------------------------------------------------------ advantages/weights
 
 
@@ -183,7 +135,7 @@ class OMABatch:
 
     Attributes:
         advantages: A·mask, [R, L] (the OA advantage broadcast over valid tokens; what ``returns`` gets).
-        weights: W, float64 [R, L], :func:`oma.core.token_weights` computed on each mini-batch.
+        weights: W, float64 [R, L]: :func:`step_weights` (MA: over the whole step, × mini-batches).
         weighted_advantages: A·W, [R, L] in the rewards' dtype: what verl's update receives.
         minibatches: row indices of each mini-batch the weights were computed on.
         ids: the recovered :class:`SessionIds`.
@@ -221,7 +173,7 @@ def compute_oma_batch(
     loss_scale_factor: float | None = None,
     estimator_fn: Callable[..., tuple[Tensor, Tensor]] | None = None,
 ) -> OMABatch:
-    """OA advantages over the whole step and MA weights per PPO mini-batch, for verl's update.
+    """OA advantages and MA weights over the whole step, for verl's update (module docstring).
 
     Args:
         token_level_rewards: [R, L] (row score = sum over L, as verl's outcome estimators).
@@ -267,12 +219,7 @@ def compute_oma_batch(
     )
     mask = response_mask.detach().cpu().bool()
     chunks = [torch.arange(rows)] if mini_batch_rows is None else minibatch_rows(rows, dp_size, mini_batch_rows)
-    weights = torch.zeros(mask.shape, dtype=torch.float64)
-    for idx in chunks:
-        weights[idx] = core.token_weights(
-            mask[idx], ids.group_index[idx], ids.traj_index[idx], reducer=options.reducer, mass=options.mass,
-            loss_scale_factor=options.loss_scale_factor,
-        )
+    weights = step_weights(mask, ids, chunks, options)
     weighted = (adv.detach().cpu().to(torch.float64) * weights).to(dtype=token_level_rewards.dtype)
     metrics = _metrics(token_level_rewards, mask, ids, weights, options, len(chunks))
     return OMABatch(
@@ -283,6 +230,24 @@ def compute_oma_batch(
         ids=ids,
         metrics=metrics,
     )
+
+
+def step_weights(mask: Tensor, ids: SessionIds, minibatches: list[Tensor], options: OMAOptions) -> Tensor:
+    """W [R, L] float64 for one training step (module docstring, *Where W is computed*).
+
+    ``native``: :func:`oma.core.token_weights` on each mini-batch (verl's own normaliser).
+    ``uniform`` / ``group``: on the whole step, times the number of mini-batches.
+    """
+    def weights_of(idx: Tensor | slice) -> Tensor:
+        return core.token_weights(mask[idx], ids.group_index[idx], ids.traj_index[idx], reducer=options.reducer,
+                                  mass=options.mass, loss_scale_factor=options.loss_scale_factor)
+
+    if options.mass != "native":
+        return weights_of(slice(None)) * len(minibatches)
+    weights = torch.zeros(mask.shape, dtype=torch.float64)
+    for idx in minibatches:
+        weights[idx] = weights_of(idx)
+    return weights
 
 
 def _metrics(rewards: Tensor, mask: Tensor, ids: SessionIds, weights: Tensor, options: OMAOptions, n_mb: int) -> dict[str, float]:
@@ -332,7 +297,9 @@ def check_trainer_config(config: Any) -> OMAOptions:
       ``algorithm.use_kl_in_reward``, which goes through the advantage);
     * ``actor.shuffle``: the weights are computed for the mini-batches verl forms unshuffled;
     * ``algorithm.use_pf_ppo`` (resamples rows after the advantage) and an enabled ``distillation``
-      (adds losses outside the policy term).
+      (adds losses outside the policy term);
+    * ``critic.enable=True``: the critic would train on ``returns``, which oma sets to the outcome
+      advantage A (a value function of A is not one of the return), and GAE is not an oma estimator.
     """
     algorithm = cfg_get(config, "algorithm")
     actor = cfg_select(config, "actor_rollout_ref.actor")
@@ -367,9 +334,17 @@ def check_trainer_config(config: Any) -> OMAOptions:
             "Mass Alignment weights (unnormalised under token-sum); set it to 0"
         )
     if bool(cfg_get(actor, "shuffle", False)):
-        problems.append("actor_rollout_ref.actor.shuffle=True: set it to False (the weights are per unshuffled mini-batch)")
+        problems.append(
+            "actor_rollout_ref.actor.shuffle=True: set it to False (mass: native is verl's reducer per mini-batch, "
+            "computed on the mini-batches verl forms unshuffled)"
+        )
     if bool(cfg_get(algorithm, "use_pf_ppo", False)):
         problems.append("algorithm.use_pf_ppo=True: it resamples rows after the advantage, breaking the weights")
+    if bool(cfg_select(config, "critic.enable", False)):
+        problems.append(
+            "critic.enable=True: oma's trainer writes the outcome advantage A into returns, so a critic would "
+            "learn a value of A; oma's estimators are critic-free (group-relative), set critic.enable=False"
+        )
     if bool(cfg_select(config, "distillation.enabled", False)):
         problems.append("distillation.enabled=True: distillation losses are outside the weighted policy term")
     if problems:

@@ -18,7 +18,7 @@ when present, ``index`` (the group ``uid``) — never a trajectory id. So:
   non-tensor batch. Without them the estimator **refuses** with a ``ValueError`` naming the fixes
   (oma's trainer ``trainer.v1.trainer_mode=oma_sync``, or ``accounting: row``). It never falls back
   silently: row accounting is exactly the bias OA removes.
-* Mass Alignment is not an advantage: it is applied by oma's trainer, which folds per-mini-batch
+* Mass Alignment is not an advantage: it is applied by oma's trainer, which folds the step's
   weights into the advantages. Called by anyone else with ``mass`` other than ``native`` the
   estimators refuse rather than run a different objective than configured.
 
@@ -27,6 +27,10 @@ session number 0..n-1) are still distinct trajectories.
 
 ``oma_gigpo`` additionally needs the state each row acted in (``anchor``: int ids, or
 ``anchor_obs``: strings hashed with :func:`oma.core.anchor_ids`, as verl-agent names them).
+``algorithm.oma.outcome: final`` stamps the score of each trajectory's last row (largest
+``step_index``) on all its rows before anything else (verl's rule); ``mean`` (default) keeps each
+row's score, so R_τ is their mean.
+
 ``step_rewards`` (per row) defaults to the *terminal* reward: the row's score on its trajectory's
 last step, 0 before (sparse outcome reward, as ALFWorld's). ``step_index`` defaults to the rows'
 order of appearance inside their trajectory.
@@ -65,6 +69,23 @@ def terminal_step_rewards(scores: Tensor, traj_index: Tensor, step_index: Tensor
     last = torch.full((int(traj.max()) + 1 if traj.numel() else 0,), -1, dtype=torch.int64)
     last = last.scatter_reduce(0, traj, step_index.to(torch.int64), reduce="amax", include_self=True)
     return torch.where(step_index.to(torch.int64) == last[traj], scores, torch.zeros_like(scores))
+
+
+def final_row_scores(scores: Tensor, traj_index: Tensor, step_index: Tensor) -> Tensor:
+    """Every row gets the score of its trajectory's last row (largest ``step_index``): verl's outcome rule."""
+    traj = torch.unique(traj_index, return_inverse=True)[1]
+    final = torch.zeros(int(traj.max()) + 1 if traj.numel() else 0, dtype=scores.dtype)
+    final = final.index_add(0, traj, terminal_step_rewards(scores, traj_index, step_index))
+    return final[traj]
+
+
+def _outcome_scores(scores: Tensor, options: OMAOptions, groups: Tensor, traj_index: Tensor, step_index: Any) -> Tensor:
+    """The row scores the estimator uses under ``algorithm.oma.outcome`` (``mean``: as given)."""
+    if options.outcome == "mean":
+        return scores
+    if step_index is None:  # the rows of a trajectory arrive in step order
+        step_index = core.batch_structure(groups, traj_index).position_in_trajectory()
+    return final_row_scores(scores, traj_index, torch.as_tensor(step_index, dtype=torch.int64).cpu())
 
 
 def _lookup(kwargs: dict, non_tensor_batch: Any, *names: str) -> Any:
@@ -141,6 +162,7 @@ def _episode_estimator(estimator: str, name: str) -> Callable[..., tuple[Tensor,
             traj_index = torch.arange(rows, dtype=torch.int64)
         else:
             traj_index = _trajectories(groups, traj, name)
+        scores = _outcome_scores(scores, options, groups, traj_index, _lookup(kwargs, non_tensor_batch, "step_index"))
         with torch.no_grad():
             adv = core.outcome_advantages(
                 scores, groups, traj_index, accounting=options.accounting, estimator=estimator,
@@ -203,6 +225,7 @@ def compute_oma_gigpo_advantage(
         step_index = structure.position_in_trajectory()
     else:
         step_index = torch.as_tensor(step_index, dtype=torch.int64).cpu()
+    scores = _outcome_scores(scores, options, groups, traj_index, step_index)
     step_rewards = _lookup(kwargs, non_tensor_batch, "step_rewards")
     if step_rewards is None:
         step_rewards = terminal_step_rewards(scores, traj_index, step_index)

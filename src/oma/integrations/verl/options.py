@@ -10,6 +10,7 @@
 | ``step_advantage_w`` | ``1.0`` | GiGPO step-advantage weight ω |
 | ``eps`` | ``1e-6`` | ε of the std normaliser (verl's value) |
 | ``loss_scale_factor`` | ``actor.loss_scale_factor``, else the batch's padded response length | L_norm of ``seq-mean-token-sum-norm`` |
+| ``outcome`` | ``mean`` | a trajectory's outcome: the ``mean`` of its rows' scores (oma.core's R_τ), or the score of its ``final`` row (verl's rule: the reward on the last turn; they differ when a reward model scores every row, or under ``use_kl_in_reward``) |
 
 Unknown keys under ``algorithm.oma`` are an error (a typo must not silently fall back to a default).
 """
@@ -21,6 +22,9 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 _MISSING = object()
+
+OUTCOMES: tuple[str, ...] = ("mean", "final")
+"""``algorithm.oma.outcome``: a trajectory's outcome from its rows' scores (module docstring)."""
 
 
 def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
@@ -58,6 +62,7 @@ class OMAOptions:
     step_advantage_w: float = 1.0
     eps: float = 1e-6
     loss_scale_factor: float | None = None
+    outcome: str = "mean"
 
     def __post_init__(self) -> None:
         from oma.core import ACCOUNTINGS, MASSES, REDUCERS
@@ -66,6 +71,7 @@ class OMAOptions:
             ("accounting", self.accounting, ACCOUNTINGS),
             ("mass", self.mass, MASSES),
             ("reducer", self.reducer, REDUCERS),
+            ("outcome", self.outcome, OUTCOMES),
         ):
             if value not in allowed:
                 raise ValueError(f"algorithm.oma.{name} must be one of {list(allowed)}, got {value!r}")

@@ -5,12 +5,12 @@ Overrides three things of ``verl.trainer.ppo.v1.trainer_base.PPOTrainer`` (verl 
 * ``trainer_mode`` reads as the verl mode the class extends (``sync`` …), so verl's mode-specific
   code (replay buffer, ``trainer.v1.<mode>`` options, checkpoints) behaves exactly as for that mode
   while ``trainer.v1.trainer_mode`` selects ``oma_sync`` (…) by name;
-* ``_balance_batch``: after verl's balancing, when the step has more than one PPO mini-batch,
-  reorders rows so each mini-batch holds whole trajectories
-  (:func:`oma.integrations.verl.batch.trajectory_minibatch_order`);
+* ``_compute_old_log_prob``: verl's, with the ``actor/entropy`` metric divided by the step's
+  tokens (verl aggregates it with ``loss_agg_mode=token-sum``, so it would be a sum);
 * ``_compute_advantage``: verl's steps (KL-in-reward, rollout correction, write-back) unchanged;
   the advantage is :func:`oma.integrations.verl.batch.compute_oma_batch` — OA over the step's
-  batch, MA weights per mini-batch, ``advantages = A·W`` and ``returns = A`` (so verl's
+  batch, MA weights over the step (exact whatever the mini-batch boundaries), ``advantages = A·W``
+  and ``returns = A`` (so verl's
   ``critic/returns/*`` metrics show the unweighted advantage).
 
 At construction it refuses configurations where the objective would not be exact
@@ -34,7 +34,6 @@ from oma.integrations.verl.batch import (
     check_trainer_config,
     compute_oma_batch,
     prompt_anchor_ids,
-    trajectory_minibatch_order,
 )
 from oma.integrations.verl.options import cfg_get, cfg_select
 
@@ -117,19 +116,15 @@ class OMATrainerMixin:
 
     # ------------------------------------------------------------------------- overrides
 
-    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
-        batch = super()._balance_batch(batch, metrics, logging_prefix=logging_prefix, keep_minibatch=keep_minibatch)
-        rows = len(batch)
-        mini = self._oma_mini_batch_rows(rows)
-        if mini is not None and rows > mini:
-            perm = trajectory_minibatch_order(
-                batch.keys,
-                [int(tag.get("seq_len", 0)) for tag in batch.tags],
-                self._oma_dp_size(),
-                mini,
-                is_padding=[bool(tag.get("is_padding", False)) for tag in batch.tags],
-            )
-            batch.reorder(perm)
+    def _compute_old_log_prob(self, batch, metrics: dict):
+        """verl's, with ``actor/entropy`` reported per token: verl aggregates it with ``loss_agg_mode``,
+        which oma sets to ``token-sum``, so it would be a sum over the step's tokens."""
+        batch = super()._compute_old_log_prob(batch, metrics)
+        if "actor/entropy" in metrics:
+            mask = self._tq().kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                           select_fields=["response_mask"])
+            tokens = float(mask.to_padded_tensor()["response_mask"].sum())
+            metrics["actor/entropy"] = metrics["actor/entropy"] / max(tokens, 1.0)
         return batch
 
     def _compute_advantage(self, batch, metrics: dict):
@@ -172,7 +167,7 @@ class OMATrainerMixin:
             data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
             metrics.update(is_metrics)
 
-        # 3. OMA: OA advantages over the step, MA weights per PPO mini-batch, A·W to the update
+        # 3. OMA: OA advantages and MA weights over the step, A·W to the update
         key_uids = [str(k).rsplit("_", 2)[0] for k in batch.keys]
         data_uids = [str(u) for u in data.non_tensor_batch["uid"].tolist()]
         if key_uids != data_uids:
