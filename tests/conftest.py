@@ -9,7 +9,14 @@ omission.
 import importlib.util
 import os
 
-VERL_MODULES = ["test_core_vs_verl.py", "test_verl_estimators.py", "test_verl_loss.py", "test_verl_trainer.py", "test_verl_plugin.py"]
+VERL_MODULES = [
+    "test_core_vs_verl.py",
+    "test_verl_estimators.py",
+    "test_verl_loss.py",
+    "test_verl_trainer.py",
+    "test_verl_plugin.py",
+    "test_verl_cpu.py",
+]
 
 collect_ignore = []
 if importlib.util.find_spec("verl") is None:

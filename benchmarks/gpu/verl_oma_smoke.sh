@@ -2,11 +2,11 @@
 # GPU smoke check: oma's verl plugin and trainer (`oma_sync`) in a real verl 0.9.1 run — tiny Qwen2
 # built from config (random weights), byte-level tokenizer, a 2–4-step agent loop, 3 training steps.
 #
-# STATUS: PREPARED, NOT RUN. No GPU machine was lent to the task that wrote it (issue 7), and the
+# STATUS: PREPARED, NOT RUN ON A GPU. No GPU machine was lent to the tasks that wrote it, and the
 # accelerator image this workplace lends has no verl, Ray or vLLM (their wheels exceed the 64 MiB
-# carry limit). Run it on a CUDA machine with verl 0.9.1, its verl-core extras (TransferQueue …) and
-# vLLM — e.g. verl's docker image or `pip install "verl[vllm]==0.9.1"`. Nothing is downloaded.
-# The CPU test suite never depends on it. Its dry run (below) was exercised on CPU.
+# carry limit). Run it on a CUDA machine with `oma-rl[verl]` and vLLM (or verl's docker image).
+# Nothing is downloaded. The same inputs, agent loop and trainer run on CPU with the `hf` rollout in
+# `oma verl-smoke` (docs/verl.md#verl-on-cpu), which the test suite runs at dp = 1 and 2.
 #
 # Usage, from the repository root:
 #   bash benchmarks/gpu/verl_oma_smoke.sh [WORKDIR]            # full run, ~5–8 min on one GPU
@@ -16,7 +16,7 @@
 # Passes (exit 0) when: the `verl.plugins` entry point loads and `python -m oma.integrations.verl
 # --trainer` reports every name registered; the composed config passes oma's and verl's checks; the
 # run ends; its log holds "oma: verl integration active", an oma/optimizer_steps metric for every step,
-# more than one mini-batch in some step (the trajectory re-layout ran), and only finite
+# more than one mini-batch in some step (step-wide Mass Alignment over several), and only finite
 # actor/pg_loss values. Log: WORKDIR/train.log.
 set -euo pipefail
 
@@ -25,7 +25,6 @@ WORK="${1:-/tmp/oma_verl_smoke}"
 PY="${PYTHON:-python3}"
 STEPS="${SMOKE_STEPS:-3}"
 mkdir -p "$WORK"
-export PYTHONPATH="$ROOT/benchmarks/gpu${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 VERL_USE_EXTERNAL_PLUGINS=auto
 
 fail() { echo "SMOKE FAIL: $*" >&2; exit 1; }
@@ -45,10 +44,10 @@ fi
 "$PY" -m oma.integrations.verl --trainer || fail "oma's names are not all registered in verl (see the report above)"
 
 echo "== inputs (tiny model from config, tokenizer, data) in $WORK"
-"$PY" "$ROOT/benchmarks/gpu/verl_oma_smoke_setup.py" "$WORK"
+"$PY" -m oma.integrations.verl.smoke_inputs "$WORK"
 cat > "$WORK/agent_loops.yaml" <<YAML
 - name: oma_smoke_multistep
-  _target_: verl_oma_smoke_agent.MultiStepSmokeAgentLoop
+  _target_: oma.integrations.verl.smoke_agent.MultiStepSmokeAgentLoop
 YAML
 
 OVERRIDES=(
@@ -93,7 +92,6 @@ OVERRIDES=(
   trainer.project_name=oma_smoke
   trainer.experiment_name=verl_oma_smoke
   trainer.default_local_dir="$WORK/ckpt"
-  ++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH="$PYTHONPATH"
 )
 
 echo "== config: compose + oma's and verl's checks"
@@ -110,7 +108,7 @@ with initialize_config_module(config_module="verl.trainer.config", version_base=
 OmegaConf.resolve(cfg)
 print("oma options:", check_trainer_config(cfg))
 validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-import verl_oma_smoke_agent  # noqa: F401  (the agent loop imports against this verl)
+import oma.integrations.verl.smoke_agent  # noqa: F401  (the agent loop imports against this verl)
 PYCHECK
 
 if [ -n "${SMOKE_DRY_RUN:-}" ]; then
@@ -137,7 +135,7 @@ losses = re.findall(r"actor/pg_loss:" + num, text)
 print("oma/optimizer_steps per step:", optimizer_steps)
 print("actor/pg_loss:", losses)
 assert len(optimizer_steps) >= steps, "an oma/optimizer_steps metric per step"
-assert max(optimizer_steps) > 1, "some step had several PPO mini-batches (trajectory re-layout exercised)"
+assert max(optimizer_steps) > 1, "some step had several PPO mini-batches (step-wide weights exercised)"
 assert losses and all(math.isfinite(float(x)) for x in losses), "finite policy losses"
 PYLOG
 echo "SMOKE OK"

@@ -1,10 +1,13 @@
-"""A multi-step agent loop for benchmarks/gpu/verl_oma_smoke.sh (verl 0.9.1 AgentLoop API).
+"""The multi-step agent loop of ``oma verl-smoke`` and benchmarks/gpu/verl_oma_smoke.sh (verl 0.9.1
+AgentLoop API), registered as ``oma_smoke_multistep``.
 
-Each session is one short episode of 2–4 model turns; every turn is returned as its own
+Each session is one episode of up to 4 model turns; every turn is returned as its own
 AgentLoopOutput (verl-agent style: one training row per step), so verl keys the rows
 ``{uid}_{session_id}_{index}`` and oma's trainer sees trajectories of different lengths. The
-episode reward — the fraction of turns whose text contains a digit — is put on the last output
-(verl copies it to the others). Imported in every process through VERL_USE_EXTERNAL_MODULES.
+episode succeeds (reward 1) at the first turn whose text contains a digit and ends there; an
+episode that never writes one runs all 4 turns and gets 0. So, as in real agent tasks, failures
+are longer than successes: the expansion-outcome coupling OMA is about. The reward is put on the
+last output (verl copies it to the others). verl imports this module from the agent-loop config.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class MultiStepSmokeAgentLoop(AgentLoopBase):
         task = list(kwargs["raw_prompt"])
         response_length = int(self.rollout_config.response_length)
         outputs: list[AgentLoopOutput] = []
-        hits, last = 0, ""
+        won, last = False, ""
         for step in range(MAX_STEPS):
             messages = task if step == 0 else task + [{"role": "user", "content": f"step {step}, you said: {last[-24:]}"}]
             prompt_ids = await self.ct_build_initial_tokens(messages)
@@ -38,7 +41,7 @@ class MultiStepSmokeAgentLoop(AgentLoopBase):
             if logprobs is not None and len(logprobs) != len(response_ids):
                 logprobs = None
             last = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-            hits += int(any(ch.isdigit() for ch in last))
+            won = any(ch.isdigit() for ch in last)
             outputs.append(
                 AgentLoopOutput(
                     prompt_ids=prompt_ids,
@@ -53,8 +56,8 @@ class MultiStepSmokeAgentLoop(AgentLoopBase):
                     extra_fields={**out.extra_fields, "turn_scores": [], "tool_rewards": []},
                 )
             )
-            if step >= 1 and len(response_ids) % 2 == 1:  # episodes end after 2..4 steps: uneven lengths
+            if won:
                 break
-        outputs[-1].reward_score = hits / len(outputs)
+        outputs[-1].reward_score = float(won)
         outputs[-1].extra_fields["reward_extra_info"] = {}
         return outputs

@@ -1,7 +1,7 @@
-"""Build the offline inputs of benchmarks/gpu/verl_oma_smoke.sh: a tiny Qwen2 model from config
-(random weights), a byte-level ChatML tokenizer, and a small prompt parquet. No network needed.
+"""The offline inputs of ``oma verl-smoke`` and benchmarks/gpu/verl_oma_smoke.sh: a tiny Qwen2 model
+from config (random weights), a byte-level ChatML tokenizer, and a small prompt parquet. No network.
 
-Usage: python verl_oma_smoke_setup.py OUT_DIR
+Usage: python -m oma.integrations.verl.smoke_inputs OUT_DIR
 Writes OUT_DIR/model (config, safetensors, tokenizer) and OUT_DIR/data/{train,val}.parquet.
 """
 
@@ -62,7 +62,8 @@ def build_model(out: Path, tokenizer) -> None:
 
 
 def build_data(out: Path, rows: int = 64) -> None:
-    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     records = [
         {
@@ -75,22 +76,26 @@ def build_data(out: Path, rows: int = 64) -> None:
         for i in range(rows)
     ]
     out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(records).to_parquet(out / "train.parquet")
-    pd.DataFrame(records[:8]).to_parquet(out / "val.parquet")
+    pq.write_table(pa.Table.from_pylist(records), out / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(records[:8]), out / "val.parquet")
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(__doc__)
-        return 2
-    root = Path(argv[0])
+def build_inputs(root: Path) -> None:
+    """OUT_DIR/model and OUT_DIR/data (see the module docstring)."""
     model_dir = root / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(model_dir)
     assert tokenizer.decode(tokenizer("ok 12")["input_ids"]) == "ok 12"
     build_model(model_dir, tokenizer)
     build_data(root / "data")
-    print(f"smoke inputs in {root}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__)
+        return 2
+    build_inputs(Path(argv[0]))
+    print(f"smoke inputs in {argv[0]}")
     return 0
 
 
