@@ -54,7 +54,7 @@ class HFServer:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32,
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                           attn_implementation="eager").eval()
         self.response_length = int(response_length)
         self.prompt_length = int(prompt_length)

@@ -1,0 +1,132 @@
+"""Does the longer preset learn a lot? Held-out success gains of an `oma compare` of
+configs/household-grpo-oma-long.yaml, per variant, across seeds, with learning curves.
+
+Run by hand after the comparison (results committed in benchmarks/learning-long.md):
+
+    oma compare configs/household-grpo-oma-long.yaml --variants 2 --seeds 5 --jobs 2 --out runs/long-grpo
+    .venv/bin/python benchmarks/learning_long.py runs/long-grpo --out benchmarks/learning-long.md
+
+Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
+iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
+warm start), per seed, as mean ± 95% Student-t CI over the seeds (oma.experiments.stats.mean_ci).
+Runs that have not reached the horizon are listed and left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from oma.experiments.stats import mean_ci
+
+METRICS = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
+
+
+def meets_target(start: float, end: float) -> bool:
+    """The issue's target for one run: greedy gain ≥ +25 points, or doubling from a warm start below 25%."""
+    return end - start >= 0.25 or (start < 0.25 and end >= 2 * start)
+
+
+def curves(run_dir: Path) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {m: {} for m in METRICS}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        for m in METRICS:
+            if m in row:
+                out[m][int(row["iteration"])] = float(row[m])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("compare_dir")
+    p.add_argument("--horizon", type=int, default=60)
+    p.add_argument("--out", default="benchmarks/learning-long.md")
+    args = p.parse_args(argv)
+    root = Path(args.compare_dir)
+    doc = json.loads((root / "compare.json").read_text())
+    runs: dict[str, dict[int, dict]] = {}
+    unfinished = []
+    for key in doc["runs"]:
+        variant, seed = key.split("/seed-")
+        metrics = root / key / "metrics.jsonl"
+        c = curves(root / key) if metrics.is_file() else None
+        if c is None or args.horizon not in c["eval_success"]:
+            unfinished.append(key)
+            continue
+        runs.setdefault(variant, {})[int(seed)] = c
+    png = Path(args.out).with_suffix(".png")
+    plot(runs, png, args.horizon)
+    lines = [
+        "# The longer preset across seeds: held-out success gains",
+        "",
+        "Commands: `oma compare configs/household-grpo-oma-long.yaml --variants 2 --seeds 5 --jobs 2 "
+        f"--out {root}` then `.venv/bin/python benchmarks/learning_long.py {root} --out {args.out}`.",
+        f"Held-out success on 128 tasks at iterations 0 (the warm start) to {args.horizon}; gain = iteration "
+        f"{args.horizon} − iteration 0, per seed; mean ± 95% Student-t CI over seeds. Target (greedy, per run): "
+        "a gain of at least +25 points, or doubling where the warm start is below 25%.",
+        "",
+    ]
+    for variant, seeds in runs.items():
+        lines += [f"## {variant}", "", "| seed | greedy: warm start | end | gain | target | sampled: warm start | end "
+                  "| gain |", "|---:|---:|---:|---:|---|---:|---:|---:|"]
+        for seed, c in sorted(seeds.items()):
+            cells = []
+            for m in METRICS:
+                start, end = c[m][0], c[m][args.horizon]
+                cells += [f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}"]
+                if m == "eval_success":
+                    cells.append("met" if meets_target(start, end) else "not met")
+            lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for m, label in METRICS.items():
+            gains = [c[m][args.horizon] - c[m][0] for c in seeds.values()]
+            if len(gains) >= 2:
+                e = mean_ci(gains)
+                lines.append(f"- **{label} gain: {e.mean:+.3f} ± {e.half_width:.3f}** "
+                             f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g}, n = {len(gains)} seeds)")
+            else:
+                lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
+        lines.append("")
+    if unfinished:
+        lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
+    lines += [f"![learning curves]({png.name})", ""]
+    Path(args.out).write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    colors = {"row+native": "tab:gray", "OA+MA": "tab:red"}
+    for ax, (m, label) in zip(axes, METRICS.items()):
+        for variant, seeds in runs.items():
+            color = colors.get(variant, "tab:blue")
+            its = sorted(set.intersection(*(set(c[m]) for c in seeds.values()))) if seeds else []
+            for c in seeds.values():
+                ax.plot(sorted(c[m]), [c[m][i] for i in sorted(c[m])], color=color, alpha=0.25, lw=1)
+            if its:
+                mean = [sum(c[m][i] for c in seeds.values()) / len(seeds) for i in its]
+                ax.plot(its, mean, color=color, lw=2.5, marker="o", label=f"{variant} (mean of {len(seeds)})")
+        ax.set_title(f"held-out {label} success")
+        ax.set_xlabel("RL iteration")
+        ax.set_xlim(0, horizon)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("success (128 tasks)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
