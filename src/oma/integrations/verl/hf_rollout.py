@@ -177,7 +177,8 @@ class HFServerAdapter(BaseRollout):
                              **kwargs: Any) -> None:
         if wire_format != "named_tensors":
             raise ValueError(f"hf rollout: weights as {wire_format!r} are not supported (use the naive engine)")
-        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights}  # every rank: collective
+        # every rank drains the generator (FSDP gathers each tensor collectively); only the leader keeps them
+        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights if self.is_leader}
         if self.is_leader:
             server = ray.get_actor(server_name(self.replica_rank))
             await server.load_weights.remote(state, global_steps)
