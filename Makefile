@@ -1,7 +1,12 @@
-# The two set-up commands of the README. Both create .venv on first use.
+# The two set-up commands of the README. Both create .venv (and .venv-skyrl) on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# SkyRL 0.4.0 requires Python >= 3.12: its integration is installed and tested in a second environment.
+# No CPU wheel of torch for 3.12 lies on disk, so pip takes PyPI's (a CUDA build that runs on the CPU).
+# pyenv's 3.12 when present (its shim answers only where 3.12 is the active version), else python3.12.
+PY312 ?= $(firstword $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.12*/bin/python3.12) python3.12)
+SKYRL_BIN := .venv-skyrl/bin
 # CPU wheel of torch lies on local disk here; pinning it first keeps pip from pulling a CUDA build.
 TORCH_PIN := torch==2.13.0
 
@@ -12,11 +17,21 @@ $(BIN)/oma-installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,verl,textworld,scienceworld,alfworld]" "$(TORCH_PIN)"
 	touch $@
 
-.PHONY: install test train
-install: $(BIN)/oma-installed
+$(SKYRL_BIN)/oma-installed: pyproject.toml
+	@$(PY312) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || { echo "make: no Python >= 3.12 at '$(PY312)'; SkyRL 0.4.0 needs one (make PY312=/path/to/python3.12)"; exit 1; }
+	$(PY312) -m venv .venv-skyrl
+	$(SKYRL_BIN)/pip install -q --upgrade pip
+	$(SKYRL_BIN)/pip install -q "$(TORCH_PIN)"
+	$(SKYRL_BIN)/pip install -q -e ".[dev,skyrl]" "$(TORCH_PIN)"
+	touch $@
 
+.PHONY: install test train
+install: $(BIN)/oma-installed $(SKYRL_BIN)/oma-installed
+
+# Two environments: the main suite, then the tests against SkyRL itself (tests/with_skyrl).
 test: install
 	OMA_TESTS_NEED_VERL=1 $(BIN)/python -m pytest -q
+	OMA_TESTS_NEED_SKYRL=1 $(SKYRL_BIN)/python -m pytest -q tests/with_skyrl
 
 # The default job (`oma train` with no arguments = configs/household-gigpo-oma.yaml): household, GiGPO with
 # OA + MA, tiny model, warm start included (cached after the first run).

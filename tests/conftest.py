@@ -1,9 +1,10 @@
-"""Test collection: the modules that test oma against verl itself need the `oma-rl[verl]` extra.
+"""Test collection: the modules that test oma against verl itself need the `oma-rl[verl]` extra, and
+tests/with_skyrl/ needs `oma-rl[skyrl]` (Python >= 3.12: `make install` builds it in .venv-skyrl).
 
 Without verl they are left out of collection (a `pip install -e ".[dev]"` user gets the rest of the
 suite, including oma's verl-free integration tests in test_verl_oma_side.py). `make test`, the
 command CI runs, sets OMA_TESTS_NEED_VERL=1, so there a missing verl is an error, never a quiet
-omission.
+omission; it runs tests/with_skyrl in .venv-skyrl with OMA_TESTS_NEED_SKYRL=1, the same way.
 """
 
 import importlib.util
@@ -22,4 +23,9 @@ collect_ignore = []
 if importlib.util.find_spec("verl") is None:
     if os.environ.get("OMA_TESTS_NEED_VERL"):
         raise RuntimeError("OMA_TESTS_NEED_VERL is set but verl is not installed: pip install -e '.[verl]'")
-    collect_ignore = VERL_MODULES
+    collect_ignore += VERL_MODULES
+if importlib.util.find_spec("skyrl") is None:
+    if os.environ.get("OMA_TESTS_NEED_SKYRL"):
+        raise RuntimeError("OMA_TESTS_NEED_SKYRL is set but skyrl is not installed: pip install -e '.[skyrl]' "
+                           "(Python >= 3.12)")
+    collect_ignore.append("with_skyrl")
