@@ -362,3 +362,19 @@ def test_audit_dir_writes_the_step_batch(tmp_path, oma):
     assert len(b.traj_index) == rows  # SkyRL's 2 padding rows left out
     assert b.scores.tolist() == [s for _, steps, s in TRAJECTORIES for _ in steps]
     assert b.response_tokens.tolist() == [n for _, steps, _ in TRAJECTORIES for n in steps]
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "oma.integrations.skyrl"],
+    ["-m", "skyrl.train.entrypoints.main_base", "trainer.override_entrypoint=oma.integrations.skyrl.trainer"],
+])
+def test_skyrl_command_reaches_oma_config(command):
+    """SkyRL's own command with the override (and ours) parse oma's keys before starting Ray."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, *command, "trainer.algorithm.oma.mass=tokens"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode != 0
+    assert "trainer.algorithm.oma.mass='tokens' is not a valid option" in out.stderr
+    assert "ray.init" not in out.stderr.lower()
