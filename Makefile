@@ -1,4 +1,4 @@
-# The two set-up commands of the README. Both create .venv (and .venv-skyrl) on first use.
+# The two set-up commands of the README. Both create .venv on first use; `make test` also .venv-skyrl.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -35,5 +35,5 @@ test: install
 
 # The default job (`oma train` with no arguments = configs/household-gigpo-oma.yaml): household, GiGPO with
 # OA + MA, tiny model, warm start included (cached after the first run).
-train: install
+train: $(BIN)/oma-installed
 	$(BIN)/oma train

@@ -310,7 +310,7 @@ def test_the_default_job_is_oma_train_with_no_arguments():
 
     preset = Path(__file__).resolve().parents[1] / "configs" / "household-gigpo-oma.yaml"
     assert load_config(preset) == load_config(None)
-    assert "train: install\n\t$(BIN)/oma train\n" in (preset.parents[1] / "Makefile").read_text()
+    assert "train: $(BIN)/oma-installed\n\t$(BIN)/oma train\n" in (preset.parents[1] / "Makefile").read_text()
 
 
 def test_env_options_belong_to_one_environment():
