@@ -154,8 +154,8 @@ def stepwise_structure(uids: Sequence[str], is_last_step: Sequence[bool] | None)
     if len(last) == 0 or not bool(last[-1]):
         raise ValueError("metadata['is_last_step'] must be True on the batch's last row (every trajectory ends)")
     traj = torch.cat([torch.zeros(1, dtype=torch.long), last[:-1].long()]).cumsum(0)
-    _, group = np.unique(np.asarray(uids, dtype=object).astype(str), return_inverse=True)
-    group_index = torch.as_tensor(group, dtype=torch.long)
+    codes: dict[str, int] = {}  # uid → id in order of first appearance (a dict beats sorting 10^6 strings)
+    group_index = torch.as_tensor([codes.setdefault(str(u), len(codes)) for u in uids], dtype=torch.long)
     first = torch.cat([torch.ones(1, dtype=torch.bool), last[:-1]])
     start_group = group_index[first][traj]  # each row's trajectory's first-row group
     if not torch.equal(start_group, group_index):
@@ -213,7 +213,7 @@ def mass_weights(
     if n_minibatches < 1:
         raise ValueError(f"n_minibatches must be >= 1, got {n_minibatches}")
     trainable = loss_mask != 0
-    if not torch.equal(loss_mask[trainable], torch.ones_like(loss_mask[trainable])):
+    if not bool((trainable == (loss_mask == 1)).all()):
         raise ValueError("loss_mask must be 0/1 with trainer.algorithm.oma.mass != native (SkyRL multiplies each "
                          "token's loss by it, so other values would rescale oma's weights)")
     reducer = REDUCER_OF_LOSS_REDUCTION[loss_reduction]
