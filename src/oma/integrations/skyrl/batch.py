@@ -132,10 +132,8 @@ class StepwiseStructure:
 
     @property
     def step_index(self) -> Tensor:
-        """Each row's position in its trajectory (rows of a trajectory are contiguous in SkyRL)."""
-        first = torch.cat([torch.ones(1, dtype=torch.bool), self.is_last_step[:-1]])
-        starts = torch.nonzero(first).squeeze(-1)
-        return torch.arange(len(self.traj_index)) - starts[self.traj_index]
+        """Each row's position in its trajectory (SkyRL keeps a trajectory's steps in order)."""
+        return core.batch_structure(self.group_index, self.traj_index).position_in_trajectory()
 
 
 def stepwise_structure(uids: Sequence[str], is_last_step: Sequence[bool] | None) -> StepwiseStructure:
