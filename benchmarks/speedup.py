@@ -73,7 +73,7 @@ def update_flops(config: str | None, overrides: list[str], cache: str) -> dict[s
 
     from oma.agent.rollout import rollout
     from oma.train.config import load_config
-    from oma.train.loop import Batch, advantages, env_factory, per_token, response_mask_of, task_seeds, update
+    from oma.train.loop import Batch, advantages, env_factory, episode_scores, per_token, response_mask_of, task_seeds, update
     from oma.train.warmstart import build_policy
 
     cfg = load_config(config, [*overrides, f"warm_start.cache_dir={cache}"])
@@ -87,7 +87,7 @@ def update_flops(config: str | None, overrides: list[str], cache: str) -> dict[s
                  constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
     rows = ro.rows
     mask = response_mask_of(rows)
-    batch = Batch(rows, mask, advantages(cfg, rows), per_token(rows.logp, mask.shape[1]), None)
+    batch = Batch(rows, mask, advantages(cfg, rows, episode_scores(cfg, rows)), per_token(rows.logp, mask.shape[1]), None)
     start = copy.deepcopy(model.state_dict())
 
     def once() -> None:

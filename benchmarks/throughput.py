@@ -25,7 +25,7 @@ from rich.progress import Progress
 
 from oma.agent.rollout import rollout
 from oma.train.config import load_config
-from oma.train.loop import Batch, advantages, env_factory, per_token, response_mask_of, task_seeds, update
+from oma.train.loop import Batch, advantages, env_factory, episode_scores, per_token, response_mask_of, task_seeds, update
 from oma.train.warmstart import build_policy
 
 
@@ -54,7 +54,7 @@ def main() -> None:
     prompt_tokens = sum(len(p) for p in rows.prompt_ids)
 
     t0 = time.perf_counter()
-    advantages(cfg, rows)  # the oma.core part of the phase (old log-probs were recorded while sampling)
+    advantages(cfg, rows, episode_scores(cfg, rows))  # the oma.core part of the phase (old log-probs were recorded while sampling)
     t_adv = time.perf_counter() - t0
     mask = response_mask_of(rows)
     logp_old = per_token(rows.logp, mask.shape[1])

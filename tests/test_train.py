@@ -443,19 +443,20 @@ def test_learning_signal_by_hand():
     group = torch.tensor([0, 0, 0, 1, 1, 2])
     traj = torch.tensor([0, 0, 1, 2, 3, 4])
     scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 0.5])
-    rows = Rows(prompt_ids=[[1]] * 6, response_ids=[[1]] * 6, group_index=group, traj_index=traj, scores=scores)
+    rows = Rows(prompt_ids=[[1]] * 6, response_ids=[[1]] * 6, group_index=group, traj_index=traj,
+                scores=torch.zeros(6))  # the spread is read from the scores passed in, not these
     mask = torch.tensor([[True, True]] * 5 + [[True, False]])
     entropy = torch.tensor([[0.5, 0.1]] * 5 + [[1.0, 99.0]])  # the masked 99 must not count
     logp_old = torch.log(torch.tensor([[0.5, 0.25]] * 6))
     logp_ref = torch.log(torch.tensor([[0.25, 0.25]] * 6))
     adv = torch.tensor([1.0, 1.0, -1.0, 0.0, 0.0, 0.0])
-    got = learning_signal(rows, mask, adv, logp_old, entropy, logp_ref)
+    got = learning_signal(rows, scores, mask, adv, logp_old, entropy, logp_ref)
     assert got["zero_spread_groups"] == pytest.approx(2 / 3)
     assert got["adv_abs_mean"] == pytest.approx(3 / 6)
     assert got["entropy"] == pytest.approx((5 * 0.6 + 1.0) / 11)
     k3 = 0.5 - math.log(0.5) - 1  # first token: ratio ref/old = 0.5; second token: 0
     assert got["kl_warm_start"] == pytest.approx(6 * k3 / 11)
-    assert "kl_warm_start" not in learning_signal(rows, mask, adv, logp_old, entropy, None)
+    assert "kl_warm_start" not in learning_signal(rows, scores, mask, adv, logp_old, entropy, None)
 
 
 def test_rows_without_advantage_are_skipped_exactly(monkeypatch, tiny_policy):
@@ -486,3 +487,54 @@ def test_per_token_pads_each_rows_values_by_hand():
 
     assert per_token([[1.0, 2.0], [3.0], [4.0, 5.0, 6.0]], 4).tolist() == [[1, 2, 0, 0], [3, 0, 0, 0], [4, 5, 6, 0]]
     assert per_token([], 3).shape == (0, 3)
+
+
+def _scored_rows(valid: list[bool], rewards: list[float], traj: list[int], step: list[int], penalty: float = 0.1):
+    from oma.agent.rollout import Rows
+
+    valid_t = torch.tensor(valid)
+    pen = penalty * (~valid_t).float()
+    env_reward = torch.tensor(rewards, dtype=torch.float32)
+    traj_t = torch.tensor(traj)
+    outcome = torch.zeros(int(traj_t.max()) + 1).index_add_(0, traj_t, env_reward)[traj_t]
+    return Rows(traj_index=traj_t, step_index=torch.tensor(step), group_index=torch.zeros(len(traj), dtype=torch.long),
+                valid=valid_t, step_rewards=env_reward - pen, scores=outcome - pen)
+
+
+def test_discounted_episode_score_by_hand():
+    """algo.score=discounted: G_0 = Σ γ^t r_t; the row's own invalid penalty stays on that row, undiscounted."""
+    from oma.train.loop import episode_scores
+
+    # trajectory 0 wins at its third step, 1 at its first; 2 makes an invalid move, then stops without a win
+    rows = _scored_rows([True, True, True, True, False, True], [0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 2, 2], [0, 1, 2, 0, 0, 1])
+    cfg = load_config(None, ["algo.score=discounted", "algo.gamma=0.5"])
+    assert episode_scores(cfg, rows).tolist() == pytest.approx([0.25, 0.25, 0.25, 1.0, -0.1, 0.0])
+    cfg = load_config(None, ["algo.score=return"])
+    assert episode_scores(cfg, rows) is rows.scores  # verl-agent's score, untouched
+    cfg = load_config(None, ["algo.score=discounted", "algo.gamma=1.0"])  # γ = 1: the summed reward
+    assert episode_scores(cfg, rows).tolist() == pytest.approx(rows.scores.tolist())
+
+
+def test_discounted_episode_score_matches_a_loop_in_any_row_order():
+    from oma.train.loop import episode_scores
+
+    g = torch.Generator().manual_seed(0)
+    lengths = [1, 4, 7, 2, 5]
+    traj = [t for t, n in enumerate(lengths) for _ in range(n)]
+    step = [k for n in lengths for k in range(n)]
+    rewards = torch.rand(len(traj), generator=g).tolist()
+    valid = (torch.rand(len(traj), generator=g) > 0.3).tolist()
+    cfg = load_config(None, ["algo.score=discounted", "algo.gamma=0.9", "env.invalid_penalty=0.25"])
+    rows = _scored_rows(valid, rewards, traj, step, penalty=0.25)
+    g0 = {t: sum(0.9 ** k * r for tt, k, r in zip(traj, step, rewards) if tt == t) for t in set(traj)}
+    expected = [g0[t] - 0.25 * (not v) for t, v in zip(traj, valid)]
+    assert episode_scores(cfg, rows).tolist() == pytest.approx(expected, abs=1e-6)
+    perm = torch.randperm(len(traj), generator=g)
+    shuffled = _scored_rows([valid[i] for i in perm], [rewards[i] for i in perm], [traj[i] for i in perm],
+                            [step[i] for i in perm], penalty=0.25)
+    assert torch.allclose(episode_scores(cfg, shuffled), episode_scores(cfg, rows)[perm])
+
+
+def test_episode_score_option_is_checked():
+    with pytest.raises(ConfigError, match=r"algo.score='discount' is not valid; expected one of \['return', 'discounted'\]"):
+        load_config(None, ["algo.score=discount"])

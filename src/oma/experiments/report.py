@@ -330,7 +330,7 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
             f"* matched horizon H = {h} iterations"
             + (f" (the runs were launched with --horizon {doc['horizon']})" if h != doc["horizon"] else ""),
             (f"* optimizer: estimator {algo.get('estimator')}, objective {algo.get('objective')}, reducer "
-            f"{algo.get('reducer')}, norm_by_std {algo.get('norm_by_std')}"),
+            f"{algo.get('reducer')}, norm_by_std {algo.get('norm_by_std')}, episode score {algo.get('score', 'return')}"),
             (f"* environment: {cfg.get('env', {}).get('name')} {json.dumps(cfg.get('env', {}).get('options', {}))}, "
             f"{cfg.get('env', {}).get('tasks_per_iter')} tasks × {cfg.get('env', {}).get('group_size')} episodes per "
             f"iteration, {cfg.get('env', {}).get('eval_tasks')} held-out tasks evaluated every {cfg.get('eval_every')} "

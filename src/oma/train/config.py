@@ -131,8 +131,14 @@ class AlgoConfig:
     """``native`` | ``uniform`` | ``group``: Mass Alignment target."""
     norm_by_std: bool = True
     """Divide group-relative advantages by the group std (False: Dr. GRPO)."""
+    score: str = "discounted"
+    """The episode score that outcome statistics compare: ``return`` (verl-agent's: the sum of the episode's
+    rewards) | ``discounted`` (Σ_t γ^t r_t from the first step, with ``algo.gamma``: a win pays more the
+    earlier it comes, so an episode that loops before it wins scores below one that does not; it raised the
+    default job's sampled gain by 4 points, docs/training.md#what-limited-learning). An invalid action's
+    penalty stays on its own row in both."""
     gamma: float = 0.95
-    """GiGPO: discount of step returns."""
+    """Discount of GiGPO's step returns, and of the episode score under ``algo.score=discounted``."""
     step_advantage_w: float = 1.0
     """GiGPO: ω, weight of the step-level advantage."""
     clip_low: float = 0.2
@@ -146,6 +152,7 @@ class AlgoConfig:
 
 
 OPTIMIZERS = ("adamw", "sgd", "normalized-sgd")
+SCORES = ("return", "discounted")
 
 
 @dataclass
@@ -226,6 +233,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check("algo.objective", cfg.algo.objective, OBJECTIVES)
     _check("algo.reducer", cfg.algo.reducer, REDUCERS)
     _check("algo.mass", cfg.algo.mass, MASSES)
+    _check("algo.score", cfg.algo.score, SCORES)
     _check("optim.optimizer", cfg.optim.optimizer, OPTIMIZERS)
     if cfg.optim.optimizer == "normalized-sgd" and cfg.optim.weight_decay:
         raise ConfigError(f"optim.weight_decay={cfg.optim.weight_decay} does not apply to optim.optimizer=normalized-sgd "

@@ -31,6 +31,7 @@ from oma.agent.rollout import Rollout, Rows, rollout
 from oma.agent.tabular import TabularPolicy, tabular_rollout
 from oma.core import (
     clipped_tokens,
+    discounted_returns,
     gigpo_advantages,
     group_outcome_stats,
     kl_k3,
@@ -156,13 +157,32 @@ def policy_rollout(cfg: TrainConfig, make_env, model, tokenizer, seeds: list[int
                    constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
 
 
-def advantages(cfg: TrainConfig, rows: Rows) -> Tensor:
+def episode_scores(cfg: TrainConfig, rows: Rows) -> Tensor:
+    """Each row's score for the outcome statistics (``algo.score``).
+
+    ``return``: the episode's summed reward, ``rows.scores``. ``discounted``: G_0 = Σ_t γ^t r_t, the
+    episode's return from its first step, so a win at step t scores γ^t. In both, a row's own
+    invalid-action penalty is subtracted from its score only (the penalty is not discounted into G_0).
+    """
+    if cfg.algo.score == "return":
+        return rows.scores
+    penalty = cfg.env.invalid_penalty * (~rows.valid).to(rows.scores.dtype)
+    returns = discounted_returns(rows.step_rewards + penalty, rows.traj_index, rows.step_index, gamma=cfg.algo.gamma)
+    traj, inverse = torch.unique(rows.traj_index, return_inverse=True)
+    first = torch.full((len(traj),), -1, dtype=torch.long).scatter_reduce(
+        0, inverse, rows.step_index, reduce="amin", include_self=False)
+    at_first = rows.step_index == first[inverse]
+    g0 = torch.zeros(len(traj), dtype=torch.float64).index_copy_(0, inverse[at_first], returns[at_first])
+    return g0[inverse].to(rows.scores.dtype) - penalty
+
+
+def advantages(cfg: TrainConfig, rows: Rows, scores: Tensor) -> Tensor:
     a = cfg.algo
     if a.estimator == "gigpo":
-        return gigpo_advantages(rows.scores, rows.step_rewards, rows.anchor, rows.group_index, rows.traj_index,
+        return gigpo_advantages(scores, rows.step_rewards, rows.anchor, rows.group_index, rows.traj_index,
                                 rows.step_index, accounting=a.accounting, norm_by_std=a.norm_by_std, gamma=a.gamma,
                                 step_advantage_w=a.step_advantage_w)
-    return outcome_advantages(rows.scores, rows.group_index, rows.traj_index, accounting=a.accounting,
+    return outcome_advantages(scores, rows.group_index, rows.traj_index, accounting=a.accounting,
                               estimator=a.estimator, norm_by_std=a.norm_by_std)
 
 
@@ -308,12 +328,13 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
     return out
 
 
-def learning_signal(rows: Rows, mask: Tensor, adv: Tensor, logp_old: Tensor, entropy: Tensor,
+def learning_signal(rows: Rows, scores: Tensor, mask: Tensor, adv: Tensor, logp_old: Tensor, entropy: Tensor,
                     logp_ref: Tensor | None) -> dict[str, float]:
     """What RL has to work with in this batch (docs/training.md#metrics).
 
-    * ``zero_spread_groups``: share of groups whose trajectories all have the same outcome (or
-      that have one trajectory): their advantage is 0 by convention, they teach nothing.
+    * ``zero_spread_groups``: share of groups whose trajectories all have the same score (``scores``,
+      the ones the advantages compared), or that have one trajectory: their episode-level advantage is
+      0 by convention, they teach nothing.
     * ``adv_abs_mean``: mean |A| over rows.
     * ``entropy``: per-token entropy (nats) of the rollout policy's (constrained) distribution,
       mean over response tokens.
@@ -321,7 +342,7 @@ def learning_signal(rows: Rows, mask: Tensor, adv: Tensor, logp_old: Tensor, ent
       (samples from the rollout policy); absent when no warm-start copy is kept.
     """
     n_tokens = max(1, int(mask.sum()))
-    stats = group_outcome_stats(rows.scores, rows.group_index, rows.traj_index, accounting="trajectory")
+    stats = group_outcome_stats(scores, rows.group_index, rows.traj_index, accounting="trajectory")
     out = {"zero_spread_groups": float(stats.degenerate.float().mean()) if len(rows) else 0.0,
            "adv_abs_mean": float(adv.abs().mean()) if len(rows) else 0.0,
            "entropy": float((entropy * mask).sum()) / n_tokens}
@@ -469,7 +490,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
 
             # ---- 2. advantages (oma.core; Outcome Alignment via algo.accounting), old log-probs ---
             t0 = time.perf_counter()
-            adv = advantages(cfg, rows)
+            scores = episode_scores(cfg, rows)
+            adv = advantages(cfg, rows, scores)
             t_adv = time.perf_counter() - t0
             t0 = time.perf_counter()
             mask = response_mask_of(rows)
@@ -489,7 +511,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
 
             # ---- 4. evaluate, log, dump, checkpoint ---------------------------------------------
             record = {"iteration": it, **rollout_metrics(ro), **upd,
-                      **learning_signal(rows, mask, adv, logp_old, entropy, logp_ref),
+                      **learning_signal(rows, scores, mask, adv, logp_old, entropy, logp_ref),
                       "time_rollout": t_rollout, "time_advantages": t_adv, "time_logp_ref": t_logp_ref,
                       "time_update": t_update,
                       "tokens_per_s": ro.generated_tokens / max(t_rollout, 1e-9),
@@ -499,7 +521,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             log.write(record)
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
             if cfg.dump_batches:
-                _dump_batch(run_dir, it, rows, mask)
+                _dump_batch(run_dir, it, rows, scores, mask)
             if it % checkpoint_every == 0 or it == cfg.iterations:
                 save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)})
             progress.update(rl, advance=1, description=(
@@ -522,11 +544,12 @@ def _write_samples(run_dir: Path, iteration: int, ro: Rollout, k: int) -> None:
                                 "transcript": [{"obs": o, "action": a} for o, a in e.transcript]}) + "\n")
 
 
-def _dump_batch(run_dir: Path, iteration: int, rows: Rows, mask: Tensor) -> None:
+def _dump_batch(run_dir: Path, iteration: int, rows: Rows, scores: Tensor, mask: Tensor) -> None:
+    """The batch as `oma audit` reads it; ``scores`` are the ones the advantages compared (``algo.score``)."""
     from oma.diagnostics import write_batch
 
     write_batch(run_dir / "batches" / f"iter_{iteration:06d}.parquet", group_index=rows.group_index,
-                traj_index=rows.traj_index, step_index=rows.step_index, scores=rows.scores, response_mask=mask,
+                traj_index=rows.traj_index, step_index=rows.step_index, scores=scores, response_mask=mask,
                 anchor=rows.anchor, step_rewards=rows.step_rewards, won=rows.won)
 
 
