@@ -36,11 +36,13 @@ from oma.core import (
     group_outcome_stats,
     kl_k3,
     outcome_advantages,
+    segment_sum,
     token_objective,
     token_weights,
     trajectory_minibatches,
     weighted_loss,
 )
+from oma.core.segments import segments
 from oma.train.checkpoint import atomic_write_text, clean_debris, resume_from_checkpoint, save_checkpoint
 from oma.train.config import ConfigError, TrainConfig, config_diff, to_dict
 from oma.train.warmstart import build_policy
@@ -168,12 +170,9 @@ def episode_scores(cfg: TrainConfig, rows: Rows) -> Tensor:
         return rows.scores
     penalty = cfg.env.invalid_penalty * (~rows.valid).to(rows.scores.dtype)
     returns = discounted_returns(rows.step_rewards + penalty, rows.traj_index, rows.step_index, gamma=cfg.algo.gamma)
-    traj, inverse = torch.unique(rows.traj_index, return_inverse=True)
-    first = torch.full((len(traj),), -1, dtype=torch.long).scatter_reduce(
-        0, inverse, rows.step_index, reduce="amin", include_self=False)
-    at_first = rows.step_index == first[inverse]
-    g0 = torch.zeros(len(traj), dtype=torch.float64).index_copy_(0, inverse[at_first], returns[at_first])
-    return g0[inverse].to(rows.scores.dtype) - penalty
+    traj = segments(rows.traj_index)
+    g0 = segment_sum(returns * (rows.step_index == 0), traj.inverse, traj.n)  # rollouts number steps from 0
+    return g0[traj.inverse].to(rows.scores.dtype) - penalty
 
 
 def advantages(cfg: TrainConfig, rows: Rows, scores: Tensor) -> Tensor:
