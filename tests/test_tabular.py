@@ -71,6 +71,28 @@ def test_act_greedy_sampled_and_recorded_log_probs():
     assert gen.logp[0][0] == pytest.approx(math.log(0.25)) and p.entries == 9
 
 
+def test_temperature_trains_the_distribution_it_samples_by_hand():
+    """π_T = softmax(logits / T), verl's convention: sampled from, recorded and scored at T."""
+    p = _two_state_policy()
+    # in s, logits (0, log 3) / 0.5 = (0, log 9): π_T(push | s) = 9/10, π_T(go | s) = 1/10
+    g = torch.Generator().manual_seed(0)
+    gen = p.act(["s"] * 4000, [["go", "push the gate"]] * 4000, temperature=0.5, generator=g)
+    share = sum(t == "push the gate" for t in gen.texts) / 4000
+    assert abs(share - 0.9) < 0.02
+    recorded = {t: lp[0] for t, lp in zip(gen.texts, gen.logp)}
+    assert recorded == {"push the gate": pytest.approx(math.log(0.9)), "go": pytest.approx(math.log(0.1))}
+    h = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
+    assert gen.entropy[0][0] == pytest.approx(h)
+    logp, _, entropy = p.response_logprobs([[1] * 4], [torch.tensor([0, 1])], with_entropy=True, temperature=0.5)
+    assert logp[0].tolist() == pytest.approx([math.log(0.9)] * 4) and entropy[0].tolist() == pytest.approx([h] * 4)
+    # d log π_T(push | s) / dθ[s, ·] = (1[a = b] − π_T(b | s)) / T, once per token
+    logp.sum().backward()
+    assert p.logits.grad[:2].tolist() == pytest.approx([4 * -0.1 / 0.5, 4 * 0.1 / 0.5])
+    # greedy decoding records π itself (T = 1): log 3/4
+    gen = p.act(["s"], [["go", "push the gate"]], temperature=0.0, generator=None)
+    assert gen.logp[0][0] == pytest.approx(math.log(0.75))
+
+
 def test_table_full_names_the_key():
     p = TabularPolicy(2)
     p.entry("s", "a")
@@ -108,7 +130,7 @@ def test_rollout_rows_carry_token_counts_and_recorded_log_probs():
     texts = [ro.episodes[t].transcript[k][1] for t, k in zip(rows.traj_index.tolist(), rows.step_index.tolist())]
     assert [len(r) for r in rows.response_ids] == [action_tokens(t) for t in texts]
     assert len({len(r) for r in rows.response_ids}) > 1  # short and long actions were both taken
-    logp, mask, _ = row_logprobs(p, rows, torch.arange(len(rows)), 0)
+    logp, mask, _ = row_logprobs(p, rows, torch.arange(len(rows)), 0, temperature=1.0)
     assert torch.equal(mask, batch.response_mask)
     torch.testing.assert_close(logp, per_token(rows.logp, mask.shape[1]))
 

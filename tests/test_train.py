@@ -108,7 +108,7 @@ def _captured_batch(monkeypatch, model, tok, seeds=(5,), group_size=2, max_steps
                              temperature=1.0, invalid_penalty=0.1, generator=None, show_actions=True)
     mask = response_mask_of(ro.rows)
     adv = outcome_advantages(ro.rows.scores, ro.rows.group_index, ro.rows.traj_index)
-    logp_old = batch_logprobs(model, ro.rows, tok.pad_token_id, 4, mask.shape[1]) - logp_shift
+    logp_old = batch_logprobs(model, ro.rows, tok.pad_token_id, 4, mask.shape[1], 1.0) - logp_shift
     return ro, Batch(ro.rows, mask, adv, logp_old, None)
 
 
@@ -211,6 +211,20 @@ def test_cli_smoke_two_iterations(tmp_path):
     rc = oma_main(["train", *TINY, "iterations=0", f"out_dir={out}", f"warm_start.cache_dir={tmp_path / 'cache'}"])
     assert rc == 0 and (tmp_path / "run-2" / "metrics.jsonl").is_file()
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_rollout_temperature_is_the_policy_trained(tmp_path, temperature):
+    """At T ≠ 1 the update scores π_T, the distribution sampled from: with one mini-batch and one
+    epoch the first forward pass gives back logp_old (ratio 1, so no clipping and approx-KL ≈ 0).
+    An entropy term keeps every row in the forward pass; scored at T = 1 instead, k3 would be ~1e-3."""
+    out = tmp_path / "run"
+    rc = oma_main(["train", *TINY, f"policy.temperature={temperature}", "optim.num_minibatches=1", "optim.ppo_epochs=1",
+                   "iterations=1", "algo.entropy_coef=0.01", f"out_dir={out}", f"warm_start.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 0
+    record = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1]
+    assert record["clipfrac"] == 0.0
+    assert abs(record["approx_kl_k1"]) < 1e-5 and record["approx_kl_k3"] < 1e-8
 
 
 def _metrics(path):
@@ -382,7 +396,7 @@ def test_forced_rest_and_unique_index_by_hand():
 
 
 def test_generation_records_the_log_probs_training_scores(tiny_policy):
-    """logp recorded while sampling = response_logprobs of the same rows (constrained, T=1); forced tokens are
+    """logp recorded while sampling = response_logprobs of the same rows (constrained, at the sampling T); forced tokens are
     exactly 0; duplicated prompts (shared prefill) decode as they would alone."""
     from oma.agent.policy import action_choices, generate
 
@@ -394,11 +408,12 @@ def test_generation_records_the_log_probs_training_scores(tiny_policy):
         prompts.append(tok(step_prompt(info["task"], [], obs, info["admissible_actions"], 0), add_special_tokens=False)["input_ids"])
         choices.append(action_choices(tok, info["admissible_actions"]))
     batch_prompts, batch_choices = [prompts[k % 2] for k in range(6)], [choices[k % 2] for k in range(6)]
-    for temperature in (1.0, 0.0, 2.0):
+    for temperature in (1.0, 0.0, 2.0, 0.5):
         gen = generate(model, tok, batch_prompts, max_new_tokens=2, temperature=temperature,
                        generator=torch.Generator().manual_seed(3), choices=batch_choices)
+        # recorded at the temperature sampled from (the model's own distribution when greedy)
         logp, mask, entropy = response_logprobs(model, batch_prompts, gen.response_ids, tok.pad_token_id, with_entropy=True,
-                                                allowed=gen.allowed)
+                                                allowed=gen.allowed, temperature=temperature or 1.0)
         for r, ids in enumerate(gen.response_ids):
             assert len(gen.logp[r]) == len(ids) == int(mask[r].sum())
             torch.testing.assert_close(torch.tensor(gen.logp[r]), logp[r, : len(ids)], rtol=1e-4, atol=1e-5)

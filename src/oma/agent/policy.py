@@ -81,9 +81,9 @@ class Generation:
     texts: list[str]
     allowed: list[Tensor] | None = None
     logp: list[list[float]] | None = None
-    """Per response token: its log-probability under the (constrained) policy at temperature 1, the
-    distribution training scores (a forced token's is exactly 0), so rollouts need no second pass
-    for ``logp_old``."""
+    """Per response token: its log-probability under the (constrained) distribution it was sampled
+    from, softmax(z / T) at the sampling temperature T (T = 1 when greedy), the distribution training
+    scores (a forced token's is exactly 0), so rollouts need no second pass for ``logp_old``."""
     entropy: list[list[float]] | None = None
     """Per response token: the entropy (nats) of that same distribution."""
 
@@ -170,7 +170,8 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
     (probability 1) are appended without a forward pass (:func:`forced_rest`). Identical prompts
     (the n episodes of a task at their first steps) are prefilled once and their KV cache shared.
     Sampling draws from ``generator`` only, so a rollout is reproducible from its seed (and a
-    resumed run samples what an uninterrupted one would).
+    resumed run samples what an uninterrupted one would). The recorded log-probs and entropies are
+    those of the distribution sampled from, softmax(z / T) (verl's convention; T = 1 when greedy).
     """
     eos = tokenizer.eos_token_id
     firsts, expand = unique_index([tuple(p) for p in prompt_ids])
@@ -188,8 +189,9 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
     pairs: list[list[tuple[int, int]]] = [[] for _ in range(batch)]
     logps: list[list[float]] = [[] for _ in range(batch)]
     entropies: list[list[float]] = [[] for _ in range(batch)]
+    scale = temperature if temperature > 0 else 1.0
     for step in range(steps):
-        logits = logits_last.float()
+        logits = logits_last.float() / scale
         if choices is not None:
             allowed = torch.zeros_like(logits, dtype=torch.bool)
             for i in (~done).nonzero().squeeze(-1).tolist():
@@ -199,11 +201,10 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
             allowed[done] = True
             logits = logits.masked_fill(~allowed, _MASKED)
         if temperature > 0:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
         else:
             nxt = logits.argmax(-1)
-        logp_all = torch.log_softmax(logits, dim=-1)  # temperature 1: the distribution training scores
+        logp_all = torch.log_softmax(logits, dim=-1)  # the distribution sampled from, which training scores
         logp_nxt = logp_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1).tolist()
         entropy = token_entropy(logits.unsqueeze(1), torch.ones(batch, 1, dtype=torch.bool))[:, 0].tolist()
         for i in (~done).nonzero().squeeze(-1).tolist():
@@ -231,9 +232,9 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_t
 
 
 def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-                      pad_id: int, *, with_entropy: bool = False,
-                      allowed: Sequence[Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """log π(response token | prompt, earlier response tokens) for a batch of rows.
+                      pad_id: int, *, with_entropy: bool = False, allowed: Sequence[Tensor] | None = None,
+                      temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor | None]:
+    """log π_T(response token | prompt, earlier response tokens) for a batch of rows, π_T = softmax(z / T).
 
     Each row is prompt + response, left-padded so all responses end at the last column; only the
     last positions are projected to the vocabulary (``logits_to_keep``). Returns ``(logp [R, L],
@@ -242,13 +243,15 @@ def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: 
     distribution each response token was drawn from (:func:`oma.core.token_entropy`). With
     ``allowed`` (each row's (position, token) pairs, :attr:`Generation.allowed` or
     :func:`allowed_positions`) the distributions are the constrained ones :func:`generate` sampled from.
+    ``temperature`` T divides the logits, as verl's actor does with its rollout temperature: the policy
+    RL trains is the one the rollouts sample from (T = 1: the model's own distribution, as in SFT).
     """
     width = max(len(r) for r in response_ids)
     ids, mask = left_pad([list(p) + list(r) for p, r in zip(prompt_ids, response_ids)], pad_id)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     # The last `width` + 1 positions are all that can predict response tokens.
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=width + 1).logits
-    logits = logits[:, :-1].float()  # position j predicts ids[:, -width + j]
+    logits = logits[:, :-1].float() / temperature  # position j predicts ids[:, -width + j]
     lengths = torch.tensor([len(r) for r in response_ids])
     col = torch.arange(width).unsqueeze(0)
     response_mask = col < lengths.unsqueeze(-1)

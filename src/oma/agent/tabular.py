@@ -116,15 +116,17 @@ class TabularPolicy(torch.nn.Module):
     @torch.no_grad()
     def act(self, states: Sequence[str], admissible: Sequence[Sequence[str]], *, temperature: float,
             generator: torch.Generator | None) -> Generation:
-        """One action per state, sampled from π at ``temperature`` (greedy at 0: the first best action).
+        """One action per state, sampled from π_T = softmax(logits / T) at T = ``temperature`` (greedy
+        at 0: the first best action).
 
-        Log-probs and entropies are those of π itself (temperature 1), the distribution training
+        Log-probs and entropies are those of π_T (π itself when greedy), the distribution training
         scores, as :func:`oma.agent.policy.generate` records them.
         """
         allowed = [self._allowed(s, acts) for s, acts in zip(states, admissible)]
         logits, _ = self._padded(allowed)
+        logits = logits / (temperature if temperature > 0 else 1.0)
         if temperature > 0:
-            choice = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator).squeeze(-1)
+            choice = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
         else:
             choice = logits.argmax(-1)
         logp_all = torch.log_softmax(logits, dim=-1)
@@ -136,14 +138,15 @@ class TabularPolicy(torch.nn.Module):
                           [[h] * len(r) for h, r in zip(entropy, responses)])
 
     def response_logprobs(self, response_ids: Sequence[Sequence[int]], allowed: Sequence[Tensor], *,
-                          with_entropy: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                          with_entropy: bool = False, temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor | None]:
         """``(logp [R, L], response_mask [R, L], entropy [R, L] or None)`` as the LM's
         :func:`oma.agent.policy.response_logprobs` returns them: each of a row's tokens holds
-        log π(a | s) (and the entropy of π(· | s)), 0 past its length."""
+        log π_T(a | s) (and the entropy of π_T(· | s)), 0 past its length, π_T = softmax(logits / T)."""
         lengths = torch.tensor([len(r) for r in response_ids])
         width = int(lengths.max())
         mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(-1)
         logits, valid = self._padded(allowed)
+        logits = logits / temperature
         chosen = torch.tensor([r[0] for r in response_ids], dtype=torch.long)
         padded_entries = torch.zeros_like(valid, dtype=torch.long)
         padded_entries[valid] = torch.cat(list(allowed))

@@ -81,7 +81,9 @@ class PolicyConfig:
     max_new_tokens: int = 16
     """Longest action the model may write (tokens, EOS included)."""
     temperature: float = 1.0
-    """Sampling temperature of training rollouts (evaluation is greedy)."""
+    """T: training rollouts sample from π_T = softmax(z / T), and RL trains that same π_T (``logp``,
+    ``logp_old``, the KL reference and the entropy are all at T, verl's convention, so the importance
+    ratios are exact). The sampled evaluation uses T too; the greedy one is argmax z at any T."""
     constrained: bool = True
     """Constrained decoding: sample only admissible action strings (a token trie over the admissible
     list), with log-probs renormalised over the allowed tokens in training too. It lets a tiny CPU

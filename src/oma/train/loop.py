@@ -129,22 +129,24 @@ def forward_plan(rows: Rows, rows_idx: Tensor, micro_rows: int) -> list[tuple[Te
 
 
 @torch.no_grad()
-def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int) -> Tensor:
+def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int, temperature: float) -> Tensor:
     """Log-probs [R, width] of every row's response tokens under ``model``, each distinct row once."""
     out = torch.zeros(len(rows), width)
     for compute, served, local in forward_plan(rows, torch.arange(len(rows)), micro_rows):
-        logp, _, _ = row_logprobs(model, rows, compute, pad_id)
+        logp, _, _ = row_logprobs(model, rows, compute, pad_id, temperature=temperature)
         out[served, : logp.shape[1]] = logp[local]
     return out
 
 
-def row_logprobs(model, rows: Rows, idx: Tensor, pad_id: int, *, with_entropy: bool = False):
-    """``(logp, response_mask, entropy)`` of rows ``idx`` under the policy, an LM or the table."""
+def row_logprobs(model, rows: Rows, idx: Tensor, pad_id: int, *, temperature: float, with_entropy: bool = False):
+    """``(logp, response_mask, entropy)`` of rows ``idx`` under the policy, an LM or the table, at the
+    rollout temperature (the distribution the rows were sampled from, verl's convention)."""
     allowed = [rows.allowed[i] for i in idx] if rows.allowed is not None else None
     if isinstance(model, TabularPolicy):
-        return model.response_logprobs([rows.response_ids[i] for i in idx], allowed, with_entropy=with_entropy)
+        return model.response_logprobs([rows.response_ids[i] for i in idx], allowed, with_entropy=with_entropy,
+                                       temperature=temperature)
     return response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id,
-                             with_entropy=with_entropy, allowed=allowed)
+                             with_entropy=with_entropy, allowed=allowed, temperature=temperature)
 
 
 def policy_rollout(cfg: TrainConfig, make_env, model, tokenizer, seeds: list[int], *, group_size: int,
@@ -214,7 +216,8 @@ def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_
     n_tokens = max(1, int(mask[live].sum()))
     for compute, served, local in forward_plan(rows, rows_idx[live], cfg.optim.micro_batch_rows):
         served = live.nonzero().squeeze(-1)[served]
-        logp_u, _, entropy_u = row_logprobs(model, rows, compute, pad_id, with_entropy=bool(a.entropy_coef))
+        logp_u, _, entropy_u = row_logprobs(model, rows, compute, pad_id, temperature=cfg.policy.temperature,
+                                            with_entropy=bool(a.entropy_coef))
         width = logp_u.shape[1]
         idx = rows_idx[served]
         logp, m = logp_u[local], mask[served, :width]
@@ -495,11 +498,12 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             t0 = time.perf_counter()
             mask = response_mask_of(rows)
             width = mask.shape[1]
-            # logp_old: recorded while sampling (same model, same constrained distribution at temperature 1)
+            # logp_old: recorded while sampling (same model, same constrained distribution, same temperature)
             logp_old, entropy = per_token(rows.logp, width), per_token(rows.entropy, width)
             evaluating = it % cfg.eval_every == 0 or it == cfg.iterations
             need_ref = cfg.algo.kl_coef > 0 or (cfg.log_kl_warm_start and evaluating)
-            logp_ref = batch_logprobs(ref_model, rows, pad_id, cfg.optim.micro_batch_rows, width) if need_ref else None
+            logp_ref = (batch_logprobs(ref_model, rows, pad_id, cfg.optim.micro_batch_rows, width, cfg.policy.temperature)
+                        if need_ref else None)
             t_logp_ref = time.perf_counter() - t0
             batch = Batch(rows, mask, adv, logp_old, logp_ref)
 
