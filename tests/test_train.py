@@ -164,6 +164,8 @@ def test_evaluation_reports_success_and_mean_reward_by_hand(monkeypatch):
         assert got[f"{name}_success"] == 1 / 4
         assert got[f"{name}_outcome"] == (1.0 + 0.5 + 0.0 + 0.25) / 4
         assert got[f"{name}_steps"] == 16 / 4 and got[f"{name}_invalid"] == 4 / 16
+    assert got["time_eval"] >= 0 and set(got) == {f"{n}_{m}" for n in ("eval", "eval_sampled")
+                                                   for m in ("success", "outcome", "steps", "invalid")} | {"time_eval"}
 
 
 def test_a_non_finite_gradient_stops_the_update_before_the_optimizer_step(monkeypatch, tiny_policy):
@@ -198,7 +200,9 @@ def test_cli_smoke_two_iterations(tmp_path):
     assert rc == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in records] == [0, 1, 2]
-    assert all("eval_success" in r for r in records)
+    assert all("eval_success" in r and r["time_eval"] > 0 for r in records)
+    built = records[0]["warm_start"]
+    assert built["cached"] is False and built["time_demos"] > 0 and built["time_sft"] > 0 and built["sft_steps"] > 0
     assert records[1]["rows"] == records[1]["rows_per_traj"] * 4
     assert (out / "checkpoints" / "latest").read_text() == "iter_000002"
     assert (out / "checkpoints" / "iter_000002" / "model.safetensors").is_file()
@@ -210,6 +214,9 @@ def test_cli_smoke_two_iterations(tmp_path):
     # a second run into the same out_dir gets a fresh sibling; nothing is overwritten
     rc = oma_main(["train", *TINY, "iterations=0", f"out_dir={out}", f"warm_start.cache_dir={tmp_path / 'cache'}"])
     assert rc == 0 and (tmp_path / "run-2" / "metrics.jsonl").is_file()
+    loaded = json.loads((tmp_path / "run-2" / "metrics.jsonl").read_text().splitlines()[0])["warm_start"]
+    assert loaded["cached"] is True and "time_sft" not in loaded  # this run spent no SFT time
+    assert loaded["sft_steps"] == built["sft_steps"]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
 
 

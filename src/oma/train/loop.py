@@ -314,8 +314,9 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
     same in a resumed run: it is the policy RL actually trains, and a small policy's greedy
     success can lag it, because one wrong argmax in a state the policy revisits loops to the cap.
     ``*_outcome`` is the mean episode reward (shop's partial credit under ``reward=score``; the
-    success rate again for 0/1 rewards).
+    success rate again for 0/1 rewards). ``time_eval``: the seconds both took.
     """
+    t0 = time.perf_counter()
     seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
     out = {}
     for name, temperature, generator in (("eval", 0.0, None),
@@ -327,7 +328,7 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
                     f"{name}_outcome": sum(e.outcome for e in ro.episodes) / len(ro.episodes),
                     f"{name}_steps": steps / len(ro.episodes),
                     f"{name}_invalid": sum(e.invalid for e in ro.episodes) / max(1, steps)})
-    return out
+    return {**out, "time_eval": time.perf_counter() - t0}
 
 
 def learning_signal(rows: Rows, scores: Tensor, mask: Tensor, adv: Tensor, logp_old: Tensor, entropy: Tensor,

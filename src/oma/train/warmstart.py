@@ -12,6 +12,7 @@ import math
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -143,6 +144,7 @@ def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Pro
     if (cache / "done.json").is_file():
         info.update(json.loads((cache / "done.json").read_text()), cached=True)
         return load_model(cache / "model"), load_tokenizer(cache / "tokenizer"), info
+    t0 = time.perf_counter()
     tiny = cfg.policy.model == "tiny"
     if not tiny:  # fail on a bad path before spending time on demonstrations
         model, tokenizer = load_model(cfg.policy.model), _user_tokenizer(cfg.policy.model)
@@ -153,12 +155,16 @@ def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Pro
         p = cfg.policy
         model = tiny_model(len(tokenizer), hidden=p.hidden, layers=p.layers, heads=p.heads,
                            max_positions=max(512, p.max_prompt_tokens + p.max_new_tokens), seed=cfg.seed)
+    t_demos = time.perf_counter() - t0
+    t0 = time.perf_counter()
     losses = sft(model, tokenizer, demos, epochs=ws.epochs, lr=ws.lr, batch_rows=ws.batch_rows,
                  max_prompt_tokens=cfg.policy.max_prompt_tokens, seed=cfg.seed, constrained=cfg.policy.constrained,
                  progress=progress) if ws.enabled else []
     info.update(demo_rows=len(demos), sft_steps=len(losses), sft_loss_first=losses[0] if losses else None,
                 sft_loss_last=losses[-1] if losses else None)
     _save(cache, model, tokenizer, {k: v for k, v in info.items() if k not in ("cache", "cached")})
+    # this run's seconds, not cached: a run that loads the warm start did not spend them
+    info.update(time_demos=t_demos, time_sft=time.perf_counter() - t0)
     return model, tokenizer, info
 
 
