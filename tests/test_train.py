@@ -224,7 +224,7 @@ def test_cli_smoke_two_iterations(tmp_path):
 def test_rollout_temperature_is_the_policy_trained(tmp_path, temperature):
     """At T ≠ 1 the update scores π_T, the distribution sampled from: with one mini-batch and one
     epoch the first forward pass gives back logp_old (ratio 1, so no clipping and approx-KL ≈ 0).
-    An entropy term keeps every row in the forward pass; scored at T = 1 instead, k3 would be ~1e-3."""
+    An entropy term keeps every row in the forward pass; scored at T = 1 instead, approx_kl_k1 is 0.0027 here."""
     out = tmp_path / "run"
     rc = oma_main(["train", *TINY, f"policy.temperature={temperature}", "optim.num_minibatches=1", "optim.ppo_epochs=1",
                    "iterations=1", "algo.entropy_coef=0.01", f"out_dir={out}", f"warm_start.cache_dir={tmp_path / 'cache'}"])
