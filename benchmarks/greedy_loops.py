@@ -1,4 +1,4 @@
-"""Why greedy success lags sampled success: are greedy failures cycles?
+"""Why greedy success lags sampled success: are greedy failures cycles, and where do they first go wrong?
 
 Run by hand on a finished `oma train` run (results in docs/training.md#why-greedy-success-lags-every-greedy-failure-is-a-loop-measured):
 
@@ -9,11 +9,14 @@ Replays the run's greedy held-out evaluation (the same 128 tasks as `evaluate`) 
 (iteration 0, from the warm-start cache) or the checkpoint of an iteration, and counts the failed
 episodes in which an observation repeats exactly. With no history window the prompt is the task
 plus the observation, so a repeated observation under greedy decoding is a cycle to the step cap.
+It then replays each failure in a fresh environment and counts the kinds of its first action that
+differs from the expert's (household names rooms without a number, receptacles with one).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +40,31 @@ def first_repeat(episode: Episode) -> int | None:
     return None
 
 
+def first_mistake(episode: Episode, make_env) -> tuple[str, str] | None:
+    """(policy action, expert action) at the first step where they differ, replaying ``episode``."""
+    env = make_env()
+    env.reset(episode.seed)
+    for _observation, action in episode.transcript:
+        expert = env.expert_action()
+        if action != expert:
+            return action, expert
+        env.step(action)
+    return None
+
+
+def mistake_kind(action: str, expert: str) -> str:
+    """A household action pair named by what the policy got wrong."""
+    def target(a: str) -> str:  # "room" | "receptacle" for a go-to action
+        return "receptacle" if a.rsplit(" ", 1)[-1].isdigit() else "room"
+    if action.startswith("go to ") and expert.startswith("go to "):
+        return {("receptacle", "room"): "goes to a receptacle here; the goal is in another room",
+                ("room", "receptacle"): "leaves the room that holds the goal",
+                ("room", "room"): "takes the wrong exit",
+                ("receptacle", "receptacle"): "goes to the wrong receptacle in the room"}[(target(action), target(expert))]
+    verb, expert_verb = action.split(" ", 1)[0], expert.split(" ", 1)[0]
+    return f"{verb} instead of {expert_verb}" if verb != expert_verb else f"{verb}s the wrong object or place"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="an oma train run folder (holds config.json and checkpoints/)")
@@ -58,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     repeats = [r for r in map(first_repeat, failures) if r is not None]
     median = statistics.median(repeats) if repeats else None
     print(f"| {args.run} it {args.iteration} | {ro.success_rate:.3f} | {len(failures)} | {len(repeats)} | {median} |")
+    kinds = collections.Counter(mistake_kind(*m) if m else "none (followed the expert)"
+                                for m in (first_mistake(e, make_env) for e in failures))
+    print("\n| first action that differs from the expert's | failures |\n|---|---:|")
+    for kind, count in kinds.most_common():
+        print(f"| {kind} | {count} |")
     return 0
 
 
