@@ -11,8 +11,9 @@ per-token loss weights exactly as an update would, under the job's accounting an
 ``row`` + ``native`` (verl's), on the same rows. At the first step the agent stands in the middle of a
 room, and the hint names the goal's room. The first action either goes to a receptacle here
 (stays) or to an exit (leaves). For each case × action it prints the rows, their mean advantage, and
-their push Σ W·A. The push is the coefficient of that action's log-likelihood in the update's
-gradient at ratio 1, as a share of the batch's Σ |W·A|.
+their push W·A: the coefficient of that action's log-likelihood in the update's gradient at ratio 1
+(W the weight of each of the row's tokens), summed over the rows and given as a share of the
+batch's Σ |W·A|.
 """
 
 from __future__ import annotations
@@ -77,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     for algo in columns.values():
         c = replace(cfg, algo=algo)
         adv = advantages(c, rows, scores)
-        push = (token_weights(mask, rows.group_index, rows.traj_index, reducer=algo.reducer, mass=algo.mass).sum(-1)
-                * adv.double())
+        w = token_weights(mask, rows.group_index, rows.traj_index, reducer=algo.reducer, mass=algo.mass)
+        # every reducer weighs a row's tokens alike, so Σ_t W_t·A·∇logp_t = W_token·A·∇log π(action)
+        push = w.sum(-1) / mask.sum(-1) * adv.double()
         total = float(push.abs().sum())
         for key in sorted(set(cell.values())):
             idx = [i for i in first if cell[i] == key]
