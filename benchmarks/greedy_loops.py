@@ -10,7 +10,8 @@ Replays the run's greedy held-out evaluation (the same 128 tasks as `evaluate`) 
 episodes in which an observation repeats exactly. With no history window the prompt is the task
 plus the observation, so a repeated observation under greedy decoding is a cycle to the step cap.
 It then replays each failure in a fresh environment and counts the kinds of its first action that
-differs from the expert's (household names rooms without a number, receptacles with one).
+differs from the expert's (household names rooms without a number, receptacles with one); results in
+docs/training.md#where-greedy-episodes-first-go-wrong-rl-shifts-a-preference-it-does-not-learn-the-rule-measured.
 """
 
 from __future__ import annotations
