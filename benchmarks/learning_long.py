@@ -1,14 +1,23 @@
-"""Does the longer preset learn a lot? Held-out success gains of an `oma compare` of
-configs/household-grpo-oma-long.yaml, per variant, across seeds, with learning curves.
+"""Does a longer preset learn a lot? Held-out success gains per variant across seeds, with
+learning curves, of an `oma compare` folder or of runs trained one by one into the same layout.
 
-Run by hand after the comparison (results committed in benchmarks/learning-long.md):
+Run by hand after the runs (results committed in benchmarks/learning-long.md and
+benchmarks/learning-long-gigpo.md):
 
     oma compare configs/household-grpo-oma-long.yaml --variants 2 --seeds 5 --jobs 2 --out runs/long-grpo
     .venv/bin/python benchmarks/learning_long.py runs/long-grpo --out benchmarks/learning-long.md
 
-Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
+    oma train configs/household-gigpo-oma-long.yaml seed=K out_dir=runs/long-gigpo/OA+MA/seed-K
+    oma train configs/household-gigpo-oma-long.yaml seed=K algo.accounting=row algo.mass=native \
+        out_dir=runs/long-gigpo/row+native/seed-K                                   # K = 0..4
+    .venv/bin/python benchmarks/learning_long.py runs/long-gigpo --preset configs/household-gigpo-oma-long.yaml \
+        --out benchmarks/learning-long-gigpo.md
+
+A folder with compare.json is read as that comparison's runs; any other folder as
+DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
-warm start), per seed, as mean ± 95% Student-t CI over the seeds (oma.experiments.stats.mean_ci).
+warm start), per seed, as mean ± 95% Student-t CI over the seeds (oma.experiments.stats.mean_ci);
+with row+native and OA+MA on the same seeds, also the seed-paired difference of their gains.
 Runs that have not reached the horizon are listed and left out.
 """
 
@@ -43,15 +52,27 @@ def curves(run_dir: Path) -> dict[str, dict[int, float]]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("compare_dir")
+    p.add_argument("runs_dir", help="an oma compare --out folder, or DIR/<variant>/seed-K run folders")
     p.add_argument("--horizon", type=int, default=60)
+    p.add_argument("--preset", default="configs/household-grpo-oma-long.yaml",
+                   help="the preset the runs were trained from (named in the report's commands)")
     p.add_argument("--out", default="benchmarks/learning-long.md")
     args = p.parse_args(argv)
-    root = Path(args.compare_dir)
-    doc = json.loads((root / "compare.json").read_text())
+    root = Path(args.runs_dir)
+    if (root / "compare.json").is_file():
+        doc = json.loads((root / "compare.json").read_text())
+        keys = list(doc["runs"])
+        command = f"`{doc['command']}`"
+    else:
+        keys = sorted(f"{d.parent.name}/{d.name}" for d in root.glob("*/seed-*") if d.is_dir())
+        command = (f"`oma train {args.preset} seed=K [algo.accounting=row algo.mass=native] "
+                   f"out_dir={root}/<variant>/seed-K`, one run per variant and seed,")
+    if not keys:
+        print(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)", file=sys.stderr)
+        return 2
     runs: dict[str, dict[int, dict]] = {}
     unfinished = []
-    for key in doc["runs"]:
+    for key in keys:
         variant, seed = key.split("/seed-")
         metrics = root / key / "metrics.jsonl"
         c = curves(root / key) if metrics.is_file() else None
@@ -62,10 +83,10 @@ def main(argv: list[str]) -> int:
     png = Path(args.out).with_suffix(".png")
     plot(runs, png, args.horizon)
     lines = [
-        "# The longer preset across seeds: held-out success gains",
+        f"# {args.preset} across seeds: held-out success gains",
         "",
-        "Commands: `oma compare configs/household-grpo-oma-long.yaml --variants 2 --seeds 5 --jobs 2 "
-        f"--out {root}` then `.venv/bin/python benchmarks/learning_long.py {root} --out {args.out}`.",
+        f"Commands: {command} then `.venv/bin/python benchmarks/learning_long.py {root} "
+        f"--preset {args.preset} --out {args.out}`.",
         f"Held-out success on 128 tasks at iterations 0 (the warm start) to {args.horizon}; gain = iteration "
         f"{args.horizon} − iteration 0, per seed; mean ± 95% Student-t CI over seeds. Target (greedy, per run): "
         "a gain of at least +25 points, or doubling where the warm start is below 25%.",
@@ -92,12 +113,27 @@ def main(argv: list[str]) -> int:
             else:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
+    lines += paired(runs, args.horizon)
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
     lines += [f"![learning curves]({png.name})", ""]
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
+
+
+def paired(runs: dict[str, dict[int, dict]], horizon: int) -> list[str]:
+    """OA+MA − row+native, gain against gain, over the seeds both variants finished."""
+    a, b = runs.get("OA+MA", {}), runs.get("row+native", {})
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return []
+    lines = [f"## OA+MA − row+native, paired by seed ({len(seeds)} seeds)", ""]
+    for m, label in METRICS.items():
+        diffs = [(a[k][m][horizon] - a[k][m][0]) - (b[k][m][horizon] - b[k][m][0]) for k in seeds]
+        e = mean_ci(diffs)
+        lines.append(f"- {label} gain: {e.mean:+.3f} ± {e.half_width:.3f} (95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
+    return [*lines, ""]
 
 
 def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:

@@ -334,6 +334,15 @@ def test_the_default_job_is_oma_train_with_no_arguments():
     assert "train: $(BIN)/oma-installed\n\t$(BIN)/oma train\n" in (preset.parents[1] / "Makefile").read_text()
 
 
+def test_the_long_gigpo_preset_is_the_default_job_run_longer():
+    from pathlib import Path
+
+    preset = Path(__file__).resolve().parents[1] / "configs" / "household-gigpo-oma-long.yaml"
+    long = load_config(preset)
+    assert (long.iterations, long.eval_every, long.out_dir) == (60, 10, "runs/household-gigpo-oma-long")
+    assert load_config(preset, ["iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]) == load_config(None)
+
+
 def test_env_options_belong_to_one_environment():
     default = load_config(None).env.options
     assert default["hint"] is True and default["size"] == "small"

@@ -1,0 +1,53 @@
+"""benchmarks/learning_long.py: run discovery, gains and the seed-paired difference, by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("learning_long", ROOT / "benchmarks" / "learning_long.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(d: Path, greedy: tuple[float, float], sampled: tuple[float, float]) -> None:
+    d.mkdir(parents=True)
+    rows = [{"iteration": 0, "eval_success": greedy[0], "eval_sampled_success": sampled[0]},
+            {"iteration": 1, "success": 0.5},
+            {"iteration": 2, "eval_success": greedy[1], "eval_sampled_success": sampled[1]}]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_run_folders_without_compare_json(tmp_path: Path) -> None:
+    # OA+MA greedy gains +0.30, +0.10; row+native +0.10, +0.00: paired differences +0.20, +0.10.
+    _run(tmp_path / "runs" / "OA+MA" / "seed-0", (0.2, 0.5), (0.3, 0.4))
+    _run(tmp_path / "runs" / "OA+MA" / "seed-1", (0.4, 0.5), (0.3, 0.3))
+    _run(tmp_path / "runs" / "row+native" / "seed-0", (0.2, 0.3), (0.3, 0.3))
+    _run(tmp_path / "runs" / "row+native" / "seed-1", (0.4, 0.4), (0.3, 0.5))
+    _run(tmp_path / "runs" / "row+native" / "seed-2", (0.4, 0.4), (0.3, 0.5))  # unpaired: not in the difference
+    (tmp_path / "runs" / "OA+MA" / "seed-3").mkdir()  # unfinished: listed and left out
+    out = tmp_path / "report.md"
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--preset", "configs/x.yaml", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# configs/x.yaml across seeds")
+    assert "`oma train configs/x.yaml seed=K [algo.accounting=row algo.mass=native]" in text
+    assert "| 0 | 0.200 | 0.500 | +0.300 | met |" in text  # +0.30 >= +0.25
+    assert "| 1 | 0.400 | 0.500 | +0.100 | not met |" in text
+    assert "## OA+MA − row+native, paired by seed (2 seeds)" in text
+    assert "- greedy gain: +0.150 ±" in text  # mean of +0.20 and +0.10
+    assert "- sampled gain: -0.050 ±" in text  # (+0.1 − 0.0) and (0.0 − 0.2): mean −0.05
+    assert "left out: OA+MA/seed-3" in text
+    assert (tmp_path / "report.png").is_file()
+
+
+def test_an_empty_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _module().main([str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
+    assert "no runs found" in capsys.readouterr().err
