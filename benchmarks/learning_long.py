@@ -55,17 +55,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("runs_dir", help="an oma compare --out folder, or DIR/<variant>/seed-K run folders")
     p.add_argument("--horizon", type=int, default=60)
     p.add_argument("--preset", default="configs/household-grpo-oma-long.yaml",
-                   help="the preset the runs were trained from (named in the report's commands)")
+                   help="the preset the runs were trained from, named in the report (a compare.json names its own)")
     p.add_argument("--out", default="benchmarks/learning-long.md")
     args = p.parse_args(argv)
     root = Path(args.runs_dir)
+    preset = args.preset
     if (root / "compare.json").is_file():
         doc = json.loads((root / "compare.json").read_text())
         keys = list(doc["runs"])
         command = f"`{doc['command']}`"
+        preset = doc.get("config_path") or preset  # the comparison records its preset
     else:
         keys = sorted(f"{d.parent.name}/{d.name}" for d in root.glob("*/seed-*") if d.is_dir())
-        command = (f"`oma train {args.preset} seed=K [algo.accounting=row algo.mass=native] "
+        command = (f"`oma train {preset} seed=K [algo.accounting=row algo.mass=native] "
                    f"out_dir={root}/<variant>/seed-K`, one run per variant and seed,")
     if not keys:
         print(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)", file=sys.stderr)
@@ -83,10 +85,10 @@ def main(argv: list[str]) -> int:
     png = Path(args.out).with_suffix(".png")
     plot(runs, png, args.horizon)
     lines = [
-        f"# {args.preset} across seeds: held-out success gains",
+        f"# {preset} across seeds: held-out success gains",
         "",
         f"Commands: {command} then `.venv/bin/python benchmarks/learning_long.py {root} "
-        f"--preset {args.preset} --out {args.out}`.",
+        f"--preset {preset} --out {args.out}`.",
         f"Held-out success on 128 tasks at iterations 0 (the warm start) to {args.horizon}; gain = iteration "
         f"{args.horizon} − iteration 0, per seed; mean ± 95% Student-t CI over seeds. Target (greedy, per run): "
         "a gain of at least +25 points, or doubling where the warm start is below 25%.",

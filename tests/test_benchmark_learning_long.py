@@ -51,3 +51,17 @@ def test_run_folders_without_compare_json(tmp_path: Path) -> None:
 def test_an_empty_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _module().main([str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
     assert "no runs found" in capsys.readouterr().err
+
+
+def test_a_comparison_names_its_own_preset(tmp_path: Path) -> None:
+    _run(tmp_path / "cmp" / "OA+MA" / "seed-0", (0.2, 0.3), (0.3, 0.4))
+    doc = {"command": "oma compare configs/y.yaml --variants 2", "config_path": "configs/y.yaml",
+           "runs": {"OA+MA/seed-0": {}, "OA+MA/seed-1": {}}}  # seed 1 never ran: left out
+    (tmp_path / "cmp" / "compare.json").write_text(json.dumps(doc))
+    out = tmp_path / "report.md"
+    assert _module().main([str(tmp_path / "cmp"), "--horizon", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# configs/y.yaml across seeds")
+    assert "Commands: `oma compare configs/y.yaml --variants 2` then" in text
+    assert "| 0 | 0.200 | 0.300 | +0.100 | not met |" in text and "- greedy gain: +0.100 (one seed)" in text
+    assert "left out: OA+MA/seed-1" in text
