@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
             lines.append(f"| {seed} | " + " | ".join(cells) + " |")
         lines.append("")
         for m, label in METRICS.items():
-            gains = [c[m][args.horizon] - c[m][0] for c in seeds.values()]
+            gains = [gain(c, m, args.horizon) for c in seeds.values()]
             if len(gains) >= 2:
                 e = mean_ci(gains)
                 lines.append(f"- **{label} gain: {e.mean:+.3f} ± {e.half_width:.3f}** "
@@ -124,6 +124,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def gain(curve: dict[str, dict[int, float]], metric: str, horizon: int) -> float:
+    """Held-out success at the horizon minus at iteration 0 (the warm start)."""
+    return curve[metric][horizon] - curve[metric][0]
+
+
 def paired(runs: dict[str, dict[int, dict]], horizon: int) -> list[str]:
     """OA+MA − row+native, gain against gain, over the seeds both variants finished."""
     a, b = runs.get("OA+MA", {}), runs.get("row+native", {})
@@ -132,7 +137,7 @@ def paired(runs: dict[str, dict[int, dict]], horizon: int) -> list[str]:
         return []
     lines = [f"## OA+MA − row+native, paired by seed ({len(seeds)} seeds)", ""]
     for m, label in METRICS.items():
-        diffs = [(a[k][m][horizon] - a[k][m][0]) - (b[k][m][horizon] - b[k][m][0]) for k in seeds]
+        diffs = [gain(a[k], m, horizon) - gain(b[k], m, horizon) for k in seeds]
         e = mean_ci(diffs)
         lines.append(f"- {label} gain: {e.mean:+.3f} ± {e.half_width:.3f} (95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
     return [*lines, ""]
