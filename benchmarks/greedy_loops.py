@@ -12,12 +12,18 @@ plus the observation, so a repeated observation under greedy decoding is a cycle
 It then replays each failure in a fresh environment and counts the kinds of its first action that
 differs from the expert's (household names rooms without a number, receptacles with one); results in
 docs/training.md#where-greedy-episodes-first-go-wrong-rl-shifts-a-preference-it-does-not-learn-the-rule-measured.
+Of the first mistakes that go to a receptacle in the room while the goal is in another, it counts
+those whose receptacle is of the type the task's hint names ("drawer" in "Hint: the mug 1 is in/on
+drawer 1 in the kitchen."), against the count a uniform choice among the room's receptacles would
+give: under constrained decoding the type is the first token the policy writes after "go to", and
+the constraint then completes it with a number this room has (docs/training.md#the-hints-receptacle-type-most-wrong-stays-copy-it-measured).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -41,16 +47,43 @@ def first_repeat(episode: Episode) -> int | None:
     return None
 
 
-def first_mistake(episode: Episode, make_env) -> tuple[str, str] | None:
-    """(policy action, expert action) at the first step where they differ, replaying ``episode``."""
+def first_mistake(episode: Episode, make_env) -> tuple[str, str, list[str]] | None:
+    """(policy action, expert action, admissible actions) at the first step where the two actions differ,
+    replaying ``episode``."""
     env = make_env()
-    env.reset(episode.seed)
+    _obs, info = env.reset(episode.seed)
     for _observation, action in episode.transcript:
         expert = env.expert_action()
         if action != expert:
-            return action, expert
-        env.step(action)
+            return action, expert, list(info["admissible_actions"])
+        _obs, _reward, _terminated, _truncated, info = env.step(action)
     return None
+
+
+_HINT = re.compile(r"Hint: the \S+ \d+ is in/on (\S+) \d+ in the ")
+
+
+def hint_type(observation: str) -> str | None:
+    """The receptacle type a household hint names ("drawer" for "... is in/on drawer 1 in the kitchen."), or None."""
+    found = _HINT.search(observation)
+    return found.group(1) if found else None
+
+
+def receptacle_type(action: str) -> str | None:
+    """"drawer" for "go to drawer 2"; None for a room ("go to kitchen") or another verb."""
+    words = action.split(" ")
+    return words[2] if len(words) == 4 and words[:2] == ["go", "to"] and words[3].isdigit() else None
+
+
+def hint_type_share(admissible: list[str], wanted: str) -> float:
+    """The chance that a uniform choice among the ``go to <receptacle>`` actions picks one of type ``wanted``."""
+    types = [t for t in map(receptacle_type, admissible) if t is not None]
+    if not types:
+        raise ValueError("admissible: no 'go to <receptacle> <number>' action to choose among")
+    return sum(t == wanted for t in types) / len(types)
+
+
+STAYS = "goes to a receptacle here; the goal is in another room"
 
 
 def mistake_kind(action: str, expert: str) -> str:
@@ -58,7 +91,7 @@ def mistake_kind(action: str, expert: str) -> str:
     def target(a: str) -> str:  # "room" | "receptacle" for a go-to action
         return "receptacle" if a.rsplit(" ", 1)[-1].isdigit() else "room"
     if action.startswith("go to ") and expert.startswith("go to "):
-        return {("receptacle", "room"): "goes to a receptacle here; the goal is in another room",
+        return {("receptacle", "room"): STAYS,
                 ("room", "receptacle"): "leaves the room that holds the goal",
                 ("room", "room"): "takes the wrong exit",
                 ("receptacle", "receptacle"): "goes to the wrong receptacle in the room"}[(target(action), target(expert))]
@@ -87,11 +120,26 @@ def main(argv: list[str] | None = None) -> int:
     repeats = [r for r in map(first_repeat, failures) if r is not None]
     median = statistics.median(repeats) if repeats else None
     print(f"| {args.run} it {args.iteration} | {ro.success_rate:.3f} | {len(failures)} | {len(repeats)} | {median} |")
-    kinds = collections.Counter(mistake_kind(*m) if m else "none (followed the expert)"
-                                for m in (first_mistake(e, make_env) for e in failures))
+    kinds: collections.Counter[str] = collections.Counter()
+    stays, copied, expected = 0, 0, 0.0
+    for episode in failures:
+        mistake = first_mistake(episode, make_env)
+        if mistake is None:
+            kinds["none (followed the expert)"] += 1
+            continue
+        action, expert, admissible = mistake
+        kind = mistake_kind(action, expert)
+        kinds[kind] += 1
+        wanted = hint_type(episode.transcript[0][0])
+        if kind == STAYS and wanted is not None:
+            stays += 1
+            copied += receptacle_type(action) == wanted
+            expected += hint_type_share(admissible, wanted)
     print("\n| first action that differs from the expert's | failures |\n|---|---:|")
     for kind, count in kinds.most_common():
         print(f"| {kind} | {count} |")
+    print(f"\n{STAYS}: {stays}; of the hint's receptacle type: {copied} "
+          f"(a uniform choice among the room's receptacles: {expected:.1f})")
     return 0
 
 

@@ -1,0 +1,56 @@
+"""benchmarks/greedy_loops.py: the first mistake of a replayed episode and the hint-type count, by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from oma.agent.rollout import Episode
+from oma.envs import make
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTIONS = {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True}
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("greedy_loops", ROOT / "benchmarks" / "greedy_loops.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_hint_type_and_receptacle_type() -> None:
+    m = _module()
+    assert m.hint_type("Your task is to: put a mug in shelf. Hint: the mug 1 is in/on drawer 12 in the kitchen.") == "drawer"
+    assert m.hint_type("Your task is to: put a mug in shelf.") is None
+    assert m.receptacle_type("go to drawer 2") == "drawer"
+    assert m.receptacle_type("go to kitchen") is None
+    assert m.receptacle_type("take mug 1 from drawer 2") is None
+
+
+def test_hint_type_share_by_hand() -> None:
+    m = _module()
+    admissible = ["go to drawer 1", "go to drawer 3", "go to shelf 1", "go to kitchen", "inventory"]
+    assert m.hint_type_share(admissible, "drawer") == pytest.approx(2 / 3)  # 2 of the 3 receptacles
+    assert m.hint_type_share(admissible, "fridge") == 0.0
+    with pytest.raises(ValueError, match="admissible"):
+        m.hint_type_share(["go to kitchen"], "drawer")
+
+
+def test_first_mistake_replays_to_the_first_departure() -> None:
+    m = _module()
+
+    def make_env():
+        return make("household", **OPTIONS)
+
+    env = make_env()
+    obs, _info = env.reset(7)
+    first = env.expert_action()
+    assert m.first_mistake(Episode(seed=7, group=0, transcript=[(obs, first)]), make_env) is None
+    obs2, _reward, _terminated, _truncated, info = env.step(first)
+    second = env.expert_action()
+    wrong = next(a for a in info["admissible_actions"] if a != second)
+    departed = Episode(seed=7, group=0, transcript=[(obs, first), (obs2, wrong)])
+    assert m.first_mistake(departed, make_env) == (wrong, second, list(info["admissible_actions"]))
