@@ -89,7 +89,7 @@ STAYS = "goes to a receptacle here; the goal is in another room"
 def mistake_kind(action: str, expert: str) -> str:
     """A household action pair named by what the policy got wrong."""
     def target(a: str) -> str:  # "room" | "receptacle" for a go-to action
-        return "receptacle" if a.rsplit(" ", 1)[-1].isdigit() else "room"
+        return "room" if receptacle_type(a) is None else "receptacle"
     if action.startswith("go to ") and expert.startswith("go to "):
         return {("receptacle", "room"): STAYS,
                 ("room", "receptacle"): "leaves the room that holds the goal",

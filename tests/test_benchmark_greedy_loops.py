@@ -54,3 +54,13 @@ def test_first_mistake_replays_to_the_first_departure() -> None:
     wrong = next(a for a in info["admissible_actions"] if a != second)
     departed = Episode(seed=7, group=0, transcript=[(obs, first), (obs2, wrong)])
     assert m.first_mistake(departed, make_env) == (wrong, second, list(info["admissible_actions"]))
+
+
+def test_mistake_kind_by_hand() -> None:
+    m = _module()
+    assert m.mistake_kind("go to drawer 1", "go to kitchen") == m.STAYS
+    assert m.mistake_kind("go to kitchen", "go to drawer 2") == "leaves the room that holds the goal"
+    assert m.mistake_kind("go to office", "go to kitchen") == "takes the wrong exit"
+    assert m.mistake_kind("go to drawer 1", "go to shelf 2") == "goes to the wrong receptacle in the room"
+    assert m.mistake_kind("take mug 1 from drawer 2", "put mug 1 in/on shelf 1") == "take instead of put"
+    assert m.mistake_kind("take mug 1 from drawer 2", "take mug 2 from drawer 2") == "takes the wrong object or place"

@@ -4,6 +4,7 @@ import copy
 import math
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from oma.cli import main as oma_main
 from oma.core import anchor_ids, outcome_advantages, token_objective, token_weights, weighted_loss
 from oma.train.config import ConfigError, load_config
 from oma.train.loop import Batch, MetricsLog, batch_logprobs, minibatch_loss, response_mask_of, rollout_metrics, update
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 TINY = [
     "iterations=2", "policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=400",
@@ -310,9 +313,7 @@ def test_constrained_decoding_is_a_distribution_over_admissible_actions(tiny_pol
 
 
 def test_presets_load_and_name_their_command():
-    from pathlib import Path
-
-    presets = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    presets = sorted(CONFIGS.glob("*.yaml"))
     assert presets, "no presets found"
     missing = []
     for path in presets:
@@ -327,17 +328,13 @@ def test_presets_load_and_name_their_command():
 
 
 def test_the_default_job_is_oma_train_with_no_arguments():
-    from pathlib import Path
-
-    preset = Path(__file__).resolve().parents[1] / "configs" / "household-gigpo-oma.yaml"
+    preset = CONFIGS / "household-gigpo-oma.yaml"
     assert load_config(preset) == load_config(None)
     assert "train: $(BIN)/oma-installed\n\t$(BIN)/oma train\n" in (preset.parents[1] / "Makefile").read_text()
 
 
 def test_the_long_gigpo_preset_is_the_default_job_run_longer():
-    from pathlib import Path
-
-    preset = Path(__file__).resolve().parents[1] / "configs" / "household-gigpo-oma-long.yaml"
+    preset = CONFIGS / "household-gigpo-oma-long.yaml"
     long = load_config(preset)
     assert (long.iterations, long.eval_every, long.out_dir) == (60, 10, "runs/household-gigpo-oma-long")
     assert load_config(preset, ["iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]) == load_config(None)
@@ -349,9 +346,8 @@ def test_env_options_belong_to_one_environment():
     assert load_config(None, ["env.options.max_steps=20"]).env.options == {**default, "max_steps": 20}  # adds a key
     assert load_config(None, ["env.name=shop"]).env.options == {}  # another env starts from its own defaults
     assert load_config(None, ["env.name=shop", "env.options.reward=success"]).env.options == {"reward": "success"}
-    configs = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
-    assert load_config(configs / "shop-grpo-oma.yaml").env.options == {"reward": "score"}  # a preset replaces them
-    assert load_config(configs / "shop-grpo-oma.yaml", ["env.options.max_steps=9"]).env.options == {"reward": "score", "max_steps": 9}
+    assert load_config(CONFIGS / "shop-grpo-oma.yaml").env.options == {"reward": "score"}  # a preset replaces them
+    assert load_config(CONFIGS / "shop-grpo-oma.yaml", ["env.options.max_steps=9"]).env.options == {"reward": "score", "max_steps": 9}
 
 
 def test_show_actions_follows_constrained_decoding_unless_set():
