@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import benchmark_scripts
 import pytest
 
 from oma.agent.rollout import Episode
 from oma.envs import make
 
-ROOT = Path(__file__).resolve().parents[1]
 OPTIONS = {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True}
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("greedy_loops", ROOT / "benchmarks" / "greedy_loops.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_scripts.load("greedy_loops")
 
 
 def test_hint_type_and_receptacle_type() -> None:

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+import benchmark_scripts
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("learning_long", ROOT / "benchmarks" / "learning_long.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_scripts.load("learning_long")
 
 
 def _run(d: Path, greedy: tuple[float, float], sampled: tuple[float, float]) -> None:
