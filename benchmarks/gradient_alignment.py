@@ -90,7 +90,8 @@ def cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def variant_advantages(cfg, rows, scores):
-    """(name, advantages [R], mass rule, accounting) of every variant compared."""
+    """(name, advantages [R], mass rule) of every variant compared: GiGPO and its two terms, under OA+MA
+    and under verl's row+native."""
     a = cfg.algo
     common = dict(norm_by_std=a.norm_by_std)
     out = []
@@ -101,8 +102,8 @@ def variant_advantages(cfg, rows, scores):
         episode = outcome_advantages(scores, rows.group_index, rows.traj_index, accounting=accounting,
                                      estimator="grpo", **common)
         tag = "OA+MA" if accounting == "trajectory" else "row+native"
-        out += [(f"gigpo {tag}", gigpo, mass, accounting), (f"episode term (grpo) {tag}", episode, mass, accounting),
-                (f"step term {tag}", gigpo - episode, mass, accounting)]
+        out += [(f"gigpo {tag}", gigpo, mass), (f"episode term (grpo) {tag}", episode, mass),
+                (f"step term {tag}", gigpo - episode, mass)]
     return out
 
 
@@ -134,7 +135,7 @@ def rl_gradients(cfg, model, tokenizer, ro, params, log=None, by_kind=False) -> 
     logp, _, inverse = distinct_logprobs(cfg, model, tokenizer, rows.prompt_ids, rows.response_ids, rows.allowed)
     out = {}
     weights = {}
-    for name, adv, mass, _ in variant_advantages(cfg, rows, scores):
+    for name, adv, mass in variant_advantages(cfg, rows, scores):
         w = weights.setdefault(mass, token_weights(mask, rows.group_index, rows.traj_index, reducer=cfg.algo.reducer,
                                                    mass=mass))
         coef = w * adv.unsqueeze(-1).to(w.dtype)

@@ -73,3 +73,32 @@ def test_distinct_rows_give_the_gradient_of_every_row() -> None:
         naive += torch.cat([g.flatten() for g in torch.autograd.grad(loss, params, allow_unused=False)])
     assert torch.allclose(fast, naive, atol=1e-6)
     assert float(fast.norm()) > 0
+
+
+def test_variants_split_gigpo_into_its_episode_and_step_terms() -> None:
+    """GiGPO = episode term + step term, under both accountings; with ω = 0 the step term is 0."""
+    m = _module()
+    from types import SimpleNamespace
+
+    from oma.core import outcome_advantages
+
+    # one group: trajectory 0 wins at its 2nd step, trajectory 1 fails in 3; both start in state 5
+    rows = SimpleNamespace(group_index=torch.tensor([0, 0, 0, 0, 0]), traj_index=torch.tensor([0, 0, 1, 1, 1]),
+                           step_index=torch.tensor([0, 1, 0, 1, 2]), anchor=torch.tensor([5, 6, 5, 7, 8]),
+                           step_rewards=torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0]))
+    scores = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0])
+    for w in (1.0, 0.0):
+        cfg = SimpleNamespace(algo=SimpleNamespace(norm_by_std=True, gamma=0.95, step_advantage_w=w))
+        out = {name: (adv, mass) for name, adv, mass in m.variant_advantages(cfg, rows, scores)}
+        assert out["gigpo OA+MA"][1] == "uniform" and out["gigpo row+native"][1] == "native"
+        for tag, accounting in (("OA+MA", "trajectory"), ("row+native", "row")):
+            episode = outcome_advantages(scores, rows.group_index, rows.traj_index, accounting=accounting)
+            assert torch.allclose(out[f"episode term (grpo) {tag}"][0], episode)
+            assert torch.allclose(out[f"step term {tag}"][0] + episode, out[f"gigpo {tag}"][0])
+            step = out[f"step term {tag}"][0]
+            if w == 0.0:
+                assert torch.equal(step, torch.zeros(5))
+            else:  # state 5 is shared: returns 0.95 and 0, mean 0.475, unbiased std 0.475·√2 → A^S = ±1/√2
+                assert step[0].item() == pytest.approx(2 ** -0.5, abs=1e-5)
+                assert step[2].item() == pytest.approx(-(2 ** -0.5), abs=1e-5)
+                assert torch.equal(step[[1, 3, 4]], torch.zeros(3))  # states seen once: no step comparison
