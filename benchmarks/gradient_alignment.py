@@ -22,8 +22,8 @@ two references:
 
 Reported per variant, mean ± 95% CI over the 2 × ``--batches`` training batches: cos(g, oracle), the
 same with Adam's first-step direction sign(g) and cos(g, sharpen); over the ``--batches`` pairs:
-cos(g₁, g₂) and cos(sign g₁, sign g₂) between the two batches of a pair. In cos(g, sharpen), where ``sharpen`` raises the likelihood of every action the
-policy took (A = 1). ``oracle on a training batch`` is the expert-label gradient of the training
+cos(g₁, g₂) and cos(sign g₁, sign g₂) between the two batches of a pair. ``sharpen`` raises the
+likelihood of every action the policy took (A = 1). ``oracle on a training batch`` is the expert-label gradient of the training
 batch against the held-out one: what a perfectly labelled batch of the same size achieves. Then the
 paired difference of each variant's cos(g, oracle) from verl's accounting (gigpo row+native) on the
 same batches, and the job's gradient split by row kind (sign of A × whether the row took the
@@ -40,11 +40,12 @@ from pathlib import Path
 
 import torch
 
-from oma.agent.policy import action_choices, allowed_positions, response_logprobs, unique_index
+from oma.agent.policy import action_choices, allowed_positions
+from oma.agent.rollout import Rows
 from oma.core import gigpo_advantages, outcome_advantages, token_weights
 from oma.experiments.stats import mean_ci
 from oma.train.config import load_config
-from oma.train.loop import episode_scores, policy_rollout, response_mask_of
+from oma.train.loop import episode_scores, forward_plan, policy_rollout, response_mask_of, row_logprobs
 from oma.train.warmstart import build_policy
 import oma.envs
 
@@ -107,14 +108,13 @@ def variant_advantages(cfg, rows, scores):
     return out
 
 
-def distinct_logprobs(cfg, model, tokenizer, prompts, responses, allowed):
-    """(logp [U, L] with its graph, mask [U, L], inverse [R]): each distinct (prompt, response, allowed) once."""
-    keys = [(tuple(p), tuple(r), a.numpy().tobytes()) for p, r, a in zip(prompts, responses, allowed)]
-    firsts, inverse = unique_index(keys)
-    logp, m, _ = response_logprobs(model, [prompts[i] for i in firsts], [responses[i] for i in firsts],
-                                   tokenizer.pad_token_id, allowed=[allowed[i] for i in firsts],
-                                   temperature=cfg.policy.temperature)
-    return logp, m, inverse
+def distinct_logprobs(cfg, model, rows: Rows, pad_id: int):
+    """(logp [U, L] with its graph, inverse [R]): each distinct row once, as the update's
+    :func:`oma.train.loop.forward_plan` finds them; row r reads ``logp[inverse[r]]``."""
+    (compute, served, local), = forward_plan(rows, torch.arange(len(rows)), len(rows))  # one micro-batch
+    logp, _, _ = row_logprobs(model, rows, compute, pad_id, temperature=cfg.policy.temperature)
+    assert torch.equal(served, torch.arange(len(rows)))
+    return logp, local
 
 
 def coefficient_gradient(logp, inverse, coef, params) -> torch.Tensor:
@@ -132,12 +132,12 @@ def rl_gradients(cfg, model, tokenizer, ro, params, log=None, by_kind=False) -> 
     rows = ro.rows
     mask = response_mask_of(rows)
     scores = episode_scores(cfg, rows)
-    logp, _, inverse = distinct_logprobs(cfg, model, tokenizer, rows.prompt_ids, rows.response_ids, rows.allowed)
+    logp, inverse = distinct_logprobs(cfg, model, rows, tokenizer.pad_token_id)
     out = {}
-    weights = {}
+    weights = {mass: token_weights(mask, rows.group_index, rows.traj_index, reducer=cfg.algo.reducer, mass=mass)
+               for mass in ("uniform", "native")}
     for name, adv, mass in variant_advantages(cfg, rows, scores):
-        w = weights.setdefault(mass, token_weights(mask, rows.group_index, rows.traj_index, reducer=cfg.algo.reducer,
-                                                   mass=mass))
+        w = weights[mass]
         coef = w * adv.unsqueeze(-1).to(w.dtype)
         out[name] = coefficient_gradient(logp, inverse, coef, params)
         if log is not None and name in ("gigpo OA+MA", "gigpo row+native"):
@@ -161,9 +161,10 @@ def oracle_gradient(cfg, model, tokenizer, ro, log, params) -> torch.Tensor:
     eos = tokenizer.eos_token_id
     responses = [ids + [eos] for ids in tokenizer([a for a, _, _ in log], add_special_tokens=False)["input_ids"]]
     allowed = [allowed_positions(action_choices(tokenizer, adm), r) for (_, adm, _), r in zip(log, responses)]
-    logp, m, inverse = distinct_logprobs(cfg, model, tokenizer, ro.rows.prompt_ids, responses, allowed)
+    expert_rows = Rows(prompt_ids=ro.rows.prompt_ids, response_ids=responses, allowed=allowed)
+    logp, inverse = distinct_logprobs(cfg, model, expert_rows, tokenizer.pad_token_id)
     lengths = torch.tensor([len(r) for r in responses])
-    coef = (torch.arange(m.shape[1]) < lengths.unsqueeze(-1)).to(logp.dtype) / float(lengths.sum())
+    coef = (torch.arange(logp.shape[1]) < lengths.unsqueeze(-1)).to(logp.dtype) / float(lengths.sum())
     return coefficient_gradient(logp, inverse, coef, params)
 
 

@@ -52,6 +52,7 @@ def test_distinct_rows_give_the_gradient_of_every_row() -> None:
     from types import SimpleNamespace
 
     from oma.agent.policy import response_logprobs, tiny_model
+    from oma.agent.rollout import Rows
 
     torch.manual_seed(0)
     model = tiny_model(32, hidden=16, layers=1, heads=2, max_positions=64, seed=0)
@@ -62,9 +63,9 @@ def test_distinct_rows_give_the_gradient_of_every_row() -> None:
                torch.tensor([[0, 12], [0, 20], [1, 13], [1, 21]]), torch.tensor([[0, 15], [1, 16], [1, 17]])]
     coef = torch.tensor([[0.5, -0.2], [1.0, 0.0], [0.25, 0.3], [-0.7, 0.4]], dtype=torch.float64)
     cfg = SimpleNamespace(policy=SimpleNamespace(temperature=1.0))
-    tok = SimpleNamespace(pad_token_id=0)
-    logp_u, _, inverse = m.distinct_logprobs(cfg, model, tok, prompts, responses, allowed)
-    assert logp_u.shape[0] == 3 and inverse.tolist() == [0, 1, 0, 2]
+    rows = Rows(prompt_ids=prompts, response_ids=responses, allowed=allowed)
+    logp_u, inverse = m.distinct_logprobs(cfg, model, rows, 0)
+    assert logp_u.shape[0] == 3 and set(inverse.tolist()) == {0, 1, 2} and inverse[0] == inverse[2]  # rows 0, 2: one
     fast = m.coefficient_gradient(logp_u, inverse, coef, params)
     naive = torch.zeros_like(fast)
     for r in range(4):  # one row at a time, no deduplication
