@@ -25,7 +25,8 @@ A folder with compare.json is read as that comparison's runs; any other folder a
 DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
 warm start), per seed, as mean ± 95% Student-t CI over the seeds (oma.experiments.stats.mean_ci);
-with row+native and OA+MA on the same seeds, also the seed-paired difference of their gains.
+every variant that shares seeds with ``--baseline`` (row+native unless named) is also paired with
+it by seed, in gain and in success at the horizon.
 Runs that have not reached the horizon are listed and left out.
 """
 
@@ -79,6 +80,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default="benchmarks/learning-long.md")
     p.add_argument("--target", choices=sorted(TARGETS), default="long",
                    help="long: the long preset's per-run target; default: the default job's target over seeds")
+    p.add_argument("--baseline", default="row+native",
+                   help="the variant every other one is paired against, by seed (gain and success at the horizon)")
+    p.add_argument("--command", help="how the runs were trained, named in the report (default: a generic oma train line)")
     args = p.parse_args(argv)
     per_run = args.target == "long"
     root = Path(args.runs_dir)
@@ -90,8 +94,8 @@ def main(argv: list[str]) -> int:
         preset = doc.get("config_path") or preset  # the comparison records its preset
     else:
         keys = sorted(f"{d.parent.name}/{d.name}" for d in root.glob("*/seed-*") if d.is_dir())
-        command = (f"`oma train {preset} seed=K [algo.accounting=row algo.mass=native] "
-                   f"out_dir={root}/<variant>/seed-K`, one run per variant and seed,")
+        command = args.command or (f"`oma train {preset} seed=K [algo.accounting=row algo.mass=native] "
+                                   f"out_dir={root}/<variant>/seed-K`, one run per variant and seed,")
     if not keys:
         print(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)", file=sys.stderr)
         return 2
@@ -112,7 +116,9 @@ def main(argv: list[str]) -> int:
         "",
         f"Commands: {command} then `.venv/bin/python benchmarks/learning_long.py {root} "
         f"--preset {preset}{'' if args.horizon == 60 else f' --horizon {args.horizon}'}"
-        f"{'' if per_run else f' --target {args.target}'} --out {args.out}`.",
+        f"{'' if per_run else f' --target {args.target}'}"
+        f"{'' if args.baseline == 'row+native' else f' --baseline {args.baseline!r}'}"
+        f"{' --command TEXT' if args.command else ''} --out {args.out}`.",
         f"Held-out success on 128 tasks at iterations 0 (the warm start) to {args.horizon}; gain = iteration "
         f"{args.horizon} − iteration 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}",
         "",
@@ -140,7 +146,7 @@ def main(argv: list[str]) -> int:
             else:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
-    lines += paired(runs, args.horizon)
+    lines += paired(runs, args.horizon, args.baseline)
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
     lines += [f"![learning curves]({png.name})", ""]
@@ -154,18 +160,25 @@ def gain(curve: dict[str, dict[int, float]], metric: str, horizon: int) -> float
     return curve[metric][horizon] - curve[metric][0]
 
 
-def paired(runs: dict[str, dict[int, dict]], horizon: int) -> list[str]:
-    """OA+MA − row+native, gain against gain, over the seeds both variants finished."""
-    a, b = runs.get("OA+MA", {}), runs.get("row+native", {})
-    seeds = sorted(set(a) & set(b))
-    if len(seeds) < 2:
-        return []
-    lines = [f"## OA+MA − row+native, paired by seed ({len(seeds)} seeds)", ""]
-    for m, label in METRICS.items():
-        diffs = [gain(a[k], m, horizon) - gain(b[k], m, horizon) for k in seeds]
-        e = mean_ci(diffs)
-        lines.append(f"- {label} gain: {e.mean:+.3f} ± {e.half_width:.3f} (95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
-    return [*lines, ""]
+def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str = "row+native") -> list[str]:
+    """Each variant − ``baseline``, gain against gain and success against success at the horizon, over
+    the seeds both finished (the success difference is what a user of either gets; with the same warm
+    starts it equals the gain difference)."""
+    b = runs.get(baseline, {})
+    lines: list[str] = []
+    for variant, a in runs.items():
+        seeds = sorted(set(a) & set(b))
+        if variant == baseline or len(seeds) < 2:
+            continue
+        lines += [f"## {variant} − {baseline}, paired by seed ({len(seeds)} seeds)", ""]
+        for m, label in METRICS.items():
+            for what, diffs in (("gain", [gain(a[k], m, horizon) - gain(b[k], m, horizon) for k in seeds]),
+                                (f"success at iteration {horizon}", [a[k][m][horizon] - b[k][m][horizon] for k in seeds])):
+                e = mean_ci(diffs)
+                lines.append(f"- {label} {what}: {e.mean:+.3f} ± {e.half_width:.3f} "
+                             f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
+        lines.append("")
+    return lines
 
 
 def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:
@@ -175,10 +188,12 @@ def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-    colors = {"row+native": "tab:gray", "OA+MA": "tab:red"}
+    named = {"row+native": "tab:gray", "OA+MA": "tab:red"}
+    others = iter(["tab:blue", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:olive", "tab:cyan", "tab:pink"])
+    colors = {v: named.get(v) or next(others, "black") for v in runs}  # one colour per variant, in both panels
     for ax, (m, label) in zip(axes, METRICS.items()):
         for variant, seeds in runs.items():
-            color = colors.get(variant, "tab:blue")
+            color = colors[variant]
             its = sorted(set.intersection(*(set(c[m]) for c in seeds.values()))) if seeds else []
             for c in seeds.values():
                 ax.plot(sorted(c[m]), [c[m][i] for i in sorted(c[m])], color=color, alpha=0.25, lw=1)

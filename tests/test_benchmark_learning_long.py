@@ -77,3 +77,24 @@ def test_the_default_jobs_target_is_judged_over_seeds(tmp_path: Path) -> None:
     assert "- **sampled gain: +0.067 ±" in text and "n = 3 seeds; target not met)" in text
     m = _module()
     assert m.meets_mean_target([0.15, 0.10, 0.20]) and not m.meets_mean_target([0.30, -0.05, 0.20])  # mean +0.15, CI reaches 0
+
+
+def test_every_variant_is_paired_against_the_baseline_in_gain_and_in_final_success(tmp_path: Path) -> None:
+    # base greedy 0.2 -> 0.3 and 0.4 -> 0.4 (gains +0.1, 0.0); "a" 0.5 -> 0.5 and 0.6 -> 0.8 (gains 0.0, +0.2):
+    # gain differences -0.1, +0.2 (mean +0.05); final differences 0.5 - 0.3, 0.8 - 0.4 = +0.2, +0.4 (mean +0.3).
+    _run(tmp_path / "runs" / "base" / "seed-0", (0.2, 0.3), (0.3, 0.3))
+    _run(tmp_path / "runs" / "base" / "seed-1", (0.4, 0.4), (0.3, 0.3))
+    _run(tmp_path / "runs" / "a" / "seed-0", (0.5, 0.5), (0.3, 0.3))
+    _run(tmp_path / "runs" / "a" / "seed-1", (0.6, 0.8), (0.3, 0.3))
+    _run(tmp_path / "runs" / "b" / "seed-1", (0.6, 0.8), (0.3, 0.3))  # one common seed: no pairing
+    out = tmp_path / "report.md"
+    args = [str(tmp_path / "runs"), "--horizon", "2", "--target", "default", "--baseline", "base",
+            "--command", "`oma train seed=K threads=1`,", "--out", str(out)]
+    assert _module().main(args) == 0
+    text = out.read_text()
+    assert "Commands: `oma train seed=K threads=1`, then" in text
+    assert "--target default --baseline 'base' --command TEXT --out" in text
+    assert "## a − base, paired by seed (2 seeds)" in text and "## b − base" not in text and "## base −" not in text
+    assert "- greedy gain: +0.050 ±" in text
+    assert "- greedy success at iteration 2: +0.300 ±" in text
+    assert "- sampled gain: +0.000 ±" in text

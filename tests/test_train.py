@@ -368,6 +368,14 @@ def test_the_long_gigpo_preset_is_the_default_job_run_longer():
     assert load_config(preset, ["iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]) == load_config(None)
 
 
+def test_the_glam_preset_is_the_default_job_over_whole_actions():
+    preset = CONFIGS / "household-gigpo-oma-glam.yaml"
+    glam = load_config(preset)
+    assert (glam.policy.normalise, glam.optim.lr, glam.out_dir) == ("action", 1e-4, "runs/household-gigpo-oma-glam")
+    back = ["policy.normalise=token", "optim.lr=0.0003", "out_dir=runs/household-gigpo-oma"]
+    assert load_config(preset, back) == load_config(None)
+
+
 def test_env_options_belong_to_one_environment():
     default = load_config(None).env.options
     assert default["hint"] is True and default["size"] == "small"

@@ -266,3 +266,127 @@ def response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: 
     logp = torch.where(response_mask, logp, torch.zeros((), dtype=logp.dtype))
     entropy = token_entropy(logits, response_mask) if with_entropy else None
     return logp, response_mask, entropy
+
+
+# ================================================================================================
+# The action-level policy (``policy.normalise=action``): a softmax over whole admissible actions
+# ================================================================================================
+
+
+def choices_tensor(choices: Choices) -> Tensor:
+    """int64 [k, w]: the k admissible actions' token ids, padded with -1 (how a row records them)."""
+    width = max(len(c) for c in choices)
+    out = torch.full((len(choices), width), -1, dtype=torch.long)
+    for i, c in enumerate(choices):
+        out[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+    return out
+
+
+def choices_of(encoded: Tensor) -> Choices:
+    """The inverse of :func:`choices_tensor`."""
+    return [[int(t) for t in row if t >= 0] for row in encoded]
+
+
+def action_scores(model, prompt_ids: Sequence[Sequence[int]], choices: Sequence[Choices], pad_id: int) -> tuple[Tensor, Tensor]:
+    r"""``(scores [R, K], valid [R, K])``: s(a | p) = Σ_t log p_LM(a_t | p, a_<t) of each admissible action.
+
+    The language model's own (unconstrained, T = 1) likelihood of every action string of every
+    prompt, EOS included; K is the largest admissible set, ``valid`` marks the real entries. Each
+    distinct prompt is run once, its KV cache copied to its actions, and all actions of the batch
+    then run as one batch, so the cost is about the prompt's plus the actions' tokens (not k
+    prompts). Differentiable: training calls it with gradients on.
+    """
+    firsts, expand = unique_index([tuple(p) for p in prompt_ids])
+    ids, mask = left_pad([prompt_ids[i] for i in firsts], pad_id)
+    positions = (mask.cumsum(-1) - 1).clamp_min(0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    owner = torch.tensor([r for r, ch in enumerate(choices) for _ in ch], dtype=torch.long)
+    flat = [c for ch in choices for c in ch]
+    source = expand[owner]  # the distinct prompt each action continues
+    past = out.past_key_values
+    past.reorder_cache(source)
+    width = max(len(c) for c in flat)
+    action_ids = torch.full((len(flat), width), pad_id, dtype=torch.long)
+    action_mask = torch.zeros((len(flat), width), dtype=torch.bool)
+    for i, c in enumerate(flat):
+        action_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        action_mask[i, : len(c)] = True
+    prompt_mask = mask[source]
+    attention = torch.cat([prompt_mask, action_mask.long()], dim=1)
+    positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width).unsqueeze(0)
+    # The prompt's last position predicts each action's first token; action token t predicts t + 1.
+    first = out.logits[source, -1:]
+    if width > 1:
+        rest = model(input_ids=action_ids[:, :-1], attention_mask=attention[:, :-1], position_ids=positions[:, :-1],
+                     past_key_values=past, use_cache=True).logits
+        logits = torch.cat([first, rest], dim=1)
+    else:
+        logits = first
+    token_logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, action_ids.unsqueeze(-1)).squeeze(-1)
+    per_action = (token_logp * action_mask).sum(-1)
+    counts = torch.tensor([len(ch) for ch in choices], dtype=torch.long)
+    valid = torch.arange(int(counts.max())).unsqueeze(0) < counts.unsqueeze(-1)
+    scores = torch.full(valid.shape, _MASKED, dtype=per_action.dtype)
+    scores = scores.masked_scatter(valid, per_action)
+    return scores, valid
+
+
+def action_distribution(scores: Tensor, valid: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """(log π_T [R, K], entropy of π_T [R]) for π_T(a | s) = softmax_a(s(a | p) / T) over the valid actions."""
+    logits = scores.masked_fill(~valid, _MASKED) / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    entropy = token_entropy(logits.unsqueeze(1), torch.ones(len(logits), 1, dtype=torch.bool))[:, 0]
+    return logp_all, entropy
+
+
+@torch.no_grad()
+def generate_actions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, temperature: float,
+                     generator: torch.Generator | None, choices: Sequence[Choices]) -> Generation:
+    r"""One admissible action per prompt from the action-level policy π_T(a | s) = softmax_a(s(a | p) / T).
+
+    s is :func:`action_scores`; greedy (``temperature`` 0) takes the first best action, at T = 1.
+    This is GLAM's policy (Carta et al. 2023, "Grounding Large Language Models in Interactive
+    Environments with Online Reinforcement Learning"): the whole action is one choice, so no token
+    decides for the rest (under token-level constrained decoding the receptacle type is chosen
+    before its number; docs/training.md#an-action-level-policy-glam). As the tabular policy does,
+    each response token records the action's log-prob and the entropy of π_T(· | s), so the
+    ``algo.reducer`` counts the action's choice once per token of it. ``allowed`` records each
+    row's admissible actions (:func:`choices_tensor`).
+    """
+    scores, valid = action_scores(model, prompt_ids, choices, tokenizer.pad_token_id)
+    scale = temperature if temperature > 0 else 1.0
+    logp_all, entropy = action_distribution(scores, valid, scale)
+    if temperature > 0:
+        pick = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+    else:
+        pick = logp_all.argmax(-1)
+    logp = logp_all.gather(-1, pick.unsqueeze(-1)).squeeze(-1).tolist()
+    eos = tokenizer.eos_token_id
+    responses = [list(ch[k]) for ch, k in zip(choices, pick.tolist())]
+    texts = [tokenizer.decode([t for t in r if t != eos]) for r in responses]
+    return Generation(responses, texts, [choices_tensor(ch) for ch in choices],
+                      [[lp] * len(r) for lp, r in zip(logp, responses)],
+                      [[float(h)] * len(r) for h, r in zip(entropy.tolist(), responses)])
+
+
+def action_response_logprobs(model, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                             allowed: Sequence[Tensor], pad_id: int, *, with_entropy: bool = False,
+                             temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor | None]:
+    """:func:`response_logprobs` for the action-level policy: every token of a row's response holds
+    log π_T(a | s) of its whole action a among the row's ``allowed`` actions (:func:`choices_tensor`),
+    and ``entropy`` that of π_T(· | s); the same ``(logp [R, L], response_mask [R, L], entropy)`` shapes."""
+    choices = [choices_of(a) for a in allowed]
+    chosen = []
+    for r, (ch, resp) in enumerate(zip(choices, response_ids)):
+        try:
+            chosen.append(ch.index(list(resp)))
+        except ValueError:
+            raise ValueError(f"row {r}: its response is not one of its allowed actions") from None
+    scores, valid = action_scores(model, prompt_ids, choices, pad_id)
+    logp_all, entropy = action_distribution(scores, valid, temperature)
+    logp_action = logp_all.gather(-1, torch.tensor(chosen).unsqueeze(-1))  # [R, 1]
+    lengths = torch.tensor([len(r) for r in response_ids])
+    mask = torch.arange(int(lengths.max())).unsqueeze(0) < lengths.unsqueeze(-1)
+    zero = torch.zeros((), dtype=logp_all.dtype)
+    logp = torch.where(mask, logp_action, zero)
+    return logp, mask, torch.where(mask, entropy.unsqueeze(-1), zero) if with_entropy else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from oma.agent.policy import Generation, action_choices, generate
+from oma.agent.policy import Generation, action_choices, generate, generate_actions
 from oma.agent.prompt import project_action, step_prompt
 from oma.core import anchor_ids
 
@@ -39,7 +39,11 @@ class Rows:
     won: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))
     allowed: list[Tensor] | None = None
     """Constrained policies only, what each row's choice was made among (for its log-probs): the LM's
-    allowed (position, token) pairs; the tabular policy's table slots of the admissible actions."""
+    allowed (position, token) pairs; the action-level LM's admissible actions
+    (:func:`oma.agent.policy.choices_tensor`); the tabular policy's table slots of the admissible actions."""
+    action_level: bool = False
+    """The rows were sampled by the action-level LM policy (``policy.normalise=action``): their log-probs
+    are :func:`oma.agent.policy.action_response_logprobs`, over ``allowed``'s whole actions."""
     logp: list[list[float]] = field(default_factory=list)
     """Each response token's log-prob under the rollout policy (temperature 1), recorded while sampling."""
     entropy: list[list[float]] = field(default_factory=list)
@@ -106,28 +110,35 @@ def rollout(
     invalid_penalty: float,
     generator: torch.Generator | None,
     constrained: bool = False,
+    action_level: bool = False,
     show_actions: bool,
     traj_offset: int = 0,
 ) -> Rollout:
     """Roll out ``group_size`` episodes of every task seed with the LM policy, stepping all in lockstep.
 
     Group g is task seed ``task_seeds[g]``; trajectory ids are ``traj_offset + g*group_size + i``.
-    With ``constrained`` the policy samples only admissible actions (see :func:`generate`);
-    ``show_actions`` lists them in the prompt (:func:`oma.agent.prompt.step_prompt`).
+    With ``constrained`` the policy samples only admissible actions (see :func:`generate`), with
+    ``action_level`` from a softmax over whole actions (:func:`generate_actions`); ``show_actions``
+    lists them in the prompt (:func:`oma.agent.prompt.step_prompt`).
     """
     encoded: dict = {}  # text -> token ids for this rollout: the n episodes of a task repeat prompts and actions
 
     def act(lives: list[LiveEpisode]) -> tuple[list[list[int]], Generation]:
         prompt_ids = [_encode_prompt(tokenizer, lv, history_length, max_prompt_tokens, encoded, show_actions) for lv in lives]
         choices = [_choices(tokenizer, lv.info["admissible_actions"], encoded) for lv in lives] if constrained else None
+        if action_level:
+            return prompt_ids, generate_actions(model, tokenizer, prompt_ids, temperature=temperature, generator=generator,
+                                                choices=choices)
         return prompt_ids, generate(model, tokenizer, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
                                     generator=generator, choices=choices)
 
     was_training = model.training
     model.eval()
     try:
-        return run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
-                            traj_offset=traj_offset, constrained=constrained)
+        ro = run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
+                          traj_offset=traj_offset, constrained=constrained)
+        ro.rows.action_level = action_level
+        return ro
     finally:
         model.train(was_training)
 

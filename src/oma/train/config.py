@@ -89,6 +89,13 @@ class PolicyConfig:
     list), with log-probs renormalised over the allowed tokens in training too. It lets a tiny CPU
     model act validly from the first iteration. False = free text projected to an action; invalid
     text is a no-op that costs ``env.invalid_penalty`` (verl-agent's setup, what larger models use)."""
+    normalise: str = "token"
+    """What a constrained policy's probabilities are normalised over. ``token``: constrained decoding,
+    each token renormalised over the tokens that continue an admissible action (the policy writes the
+    action a token at a time; an early token, such as a receptacle's type, decides for the rest).
+    ``action``: GLAM (Carta et al. 2023), π(a | s) = softmax over the admissible actions of the LM's
+    whole-string log-likelihood, in rollouts, SFT and RL alike; every action of every state is scored
+    (the default job's SFT takes twice as long; docs/training.md#an-action-level-policy-glam)."""
     lora_r: int = 0
     """LoRA rank via peft (0 = full fine-tuning)."""
     lora_alpha: int = 16
@@ -155,6 +162,7 @@ class AlgoConfig:
 
 OPTIMIZERS = ("adamw", "sgd", "normalized-sgd")
 SCORES = ("return", "discounted")
+NORMALISATIONS = ("token", "action")
 
 
 @dataclass
@@ -266,6 +274,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.env.group_size < 2:
         raise ConfigError(f"env.group_size must be >= 2, got {cfg.env.group_size}: a group-relative advantage of one "
                           "episode is 0, so nothing would be learnt")
+    _check("policy.normalise", cfg.policy.normalise, NORMALISATIONS)
+    if cfg.policy.normalise == "action" and not cfg.policy.constrained:
+        raise ConfigError("policy.normalise=action needs policy.constrained=true: it scores the admissible actions")
     if cfg.policy.model == "tabular":
         _check_tabular(cfg)
     if cfg.warm_start.enabled is None:
@@ -286,6 +297,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 LM_ONLY: dict[str, str] = {
     "policy.lora_r": "LoRA adapts a neural network", "policy.lora_alpha": "LoRA adapts a neural network",
     "policy.constrained": "the table chooses among the admissible actions only",
+    "policy.normalise": "the table is a softmax over the admissible actions already",
     "policy.hidden": "it shapes the tiny LM", "policy.layers": "it shapes the tiny LM", "policy.heads": "it shapes the tiny LM",
     "policy.vocab_size": "the table has no tokenizer", "policy.max_prompt_tokens": "the table reads no prompt",
     "policy.max_new_tokens": "the table writes no text", "env.history_length": "the table reads no prompt",

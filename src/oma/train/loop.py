@@ -26,7 +26,7 @@ from rich.table import Table
 from torch import Tensor
 
 import oma.envs
-from oma.agent.policy import response_logprobs, unique_index
+from oma.agent.policy import action_response_logprobs, response_logprobs, unique_index
 from oma.agent.rollout import Rollout, Rows, rollout
 from oma.agent.tabular import TabularPolicy, tabular_rollout
 from oma.core import (
@@ -145,8 +145,12 @@ def row_logprobs(model, rows: Rows, idx: Tensor, pad_id: int, *, temperature: fl
     if isinstance(model, TabularPolicy):
         return model.response_logprobs([rows.response_ids[i] for i in idx], allowed, with_entropy=with_entropy,
                                        temperature=temperature)
-    return response_logprobs(model, [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx], pad_id,
-                             with_entropy=with_entropy, allowed=allowed, temperature=temperature)
+    prompts, responses = [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx]
+    if rows.action_level:
+        return action_response_logprobs(model, prompts, responses, allowed, pad_id, with_entropy=with_entropy,
+                                        temperature=temperature)
+    return response_logprobs(model, prompts, responses, pad_id, with_entropy=with_entropy, allowed=allowed,
+                             temperature=temperature)
 
 
 def policy_rollout(cfg: TrainConfig, make_env, model, tokenizer, seeds: list[int], *, group_size: int,
@@ -158,7 +162,8 @@ def policy_rollout(cfg: TrainConfig, make_env, model, tokenizer, seeds: list[int
     return rollout(make_env, model, tokenizer, seeds, group_size=group_size, history_length=cfg.env.history_length,
                    max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
                    temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
-                   constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
+                   constrained=cfg.policy.constrained, action_level=cfg.policy.normalise == "action",
+                   show_actions=cfg.env.show_actions)
 
 
 def episode_scores(cfg: TrainConfig, rows: Rows) -> Tensor:

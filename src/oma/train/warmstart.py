@@ -23,7 +23,8 @@ import torch
 from rich.progress import Progress
 
 import oma
-from oma.agent.policy import EOS, action_choices, allowed_positions, load_model, load_tokenizer, response_logprobs, tiny_model, train_tokenizer
+from oma.agent.policy import (EOS, action_choices, action_response_logprobs, allowed_positions, choices_tensor, load_model,
+                              load_tokenizer, response_logprobs, tiny_model, train_tokenizer)
 from oma.agent.prompt import step_prompt
 from oma.agent.tabular import TabularPolicy, imitate
 from oma.core import micro_batches
@@ -114,17 +115,25 @@ def cache_key(cfg: TrainConfig) -> str:
 
 
 def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_rows: int, max_prompt_tokens: int,
-        seed: int, constrained: bool, progress: Progress | None = None) -> list[float]:
+        seed: int, constrained: bool, action_level: bool = False, progress: Progress | None = None) -> list[float]:
     """Token-mean cross-entropy on the demonstrated actions (+EOS); returns the loss per step.
 
     With ``constrained`` the likelihood is that of constrained decoding (renormalised over the
-    tokens that continue an admissible action), the distribution the policy will sample from.
+    tokens that continue an admissible action), the distribution the policy will sample from. With
+    ``action_level`` it is the action-level policy's, −log π(a* | s) over the state's admissible
+    actions (:func:`oma.agent.policy.action_response_logprobs`; a row's tokens all carry it, so the
+    token mean weighs a demonstration by its action's length, as RL's token-mean does).
     """
     prompts = [ids[-max_prompt_tokens:] for ids in tokenizer([d.prompt for d in demos], add_special_tokens=False)["input_ids"]]
     actions = tokenizer([d.action for d in demos], add_special_tokens=False)["input_ids"]
     responses = [a + [tokenizer.convert_tokens_to_ids(EOS)] for a in actions]
-    allowed = ([allowed_positions(action_choices(tokenizer, d.admissible), r) for d, r in zip(demos, responses)]
-               if constrained else None)  # once, not every epoch
+    if action_level:
+        allowed = [choices_tensor(action_choices(tokenizer, d.admissible)) for d in demos]
+    elif constrained:  # once, not every epoch
+        allowed = [allowed_positions(action_choices(tokenizer, d.admissible), r) for d, r in zip(demos, responses)]
+    else:
+        allowed = None
+    score = action_response_logprobs if action_level else response_logprobs
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(seed)
     losses = []
@@ -140,8 +149,8 @@ def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_ro
         order = torch.randperm(len(demos), generator=generator)
         for chunk in micro_batches(len(demos), batch_rows):
             idx = order[chunk].tolist()
-            logp, mask, _ = response_logprobs(model, [prompts[i] for i in idx], [responses[i] for i in idx],
-                                              tokenizer.pad_token_id, allowed=[allowed[i] for i in idx] if allowed else None)
+            logp, mask, _ = score(model, [prompts[i] for i in idx], [responses[i] for i in idx],
+                                  allowed=[allowed[i] for i in idx] if allowed else None, pad_id=tokenizer.pad_token_id)
             loss = -(logp * mask).sum() / mask.sum()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -180,7 +189,7 @@ def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Pro
     t0 = time.perf_counter()
     losses = sft(model, tokenizer, demos, epochs=ws.epochs, lr=ws.lr, batch_rows=ws.batch_rows,
                  max_prompt_tokens=cfg.policy.max_prompt_tokens, seed=cfg.seed, constrained=cfg.policy.constrained,
-                 progress=progress) if ws.enabled else []
+                 action_level=cfg.policy.normalise == "action", progress=progress) if ws.enabled else []
     info.update(demo_rows=len(demos), sft_steps=len(losses), sft_loss_first=losses[0] if losses else None,
                 sft_loss_last=losses[-1] if losses else None)
     _save(cache, model, tokenizer, {k: v for k, v in info.items() if k not in ("cache", "cached")})
