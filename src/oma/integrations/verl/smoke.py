@@ -133,6 +133,7 @@ def overrides(work: Path, steps: int, dp: int, accounting: str, mass: str, estim
         "trainer.project_name=oma_smoke",
         "trainer.experiment_name=verl_oma_smoke",
         f"trainer.default_local_dir={work / 'ckpt'}",
+        f"hydra.run.dir={work / 'hydra'}",  # Hydra's own log folder: not outputs/ in the caller's directory
         *cpu.overrides(dp),
         *(f"++ray_kwargs.ray_init.runtime_env.env_vars.{k}='{v}'" for k, v in cpu.environment().items()),
     ]
