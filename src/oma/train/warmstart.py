@@ -127,9 +127,10 @@ def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_ro
     prompts = [ids[-max_prompt_tokens:] for ids in tokenizer([d.prompt for d in demos], add_special_tokens=False)["input_ids"]]
     actions = tokenizer([d.action for d in demos], add_special_tokens=False)["input_ids"]
     responses = [a + [tokenizer.convert_tokens_to_ids(EOS)] for a in actions]
+    # what each demonstration's likelihood is normalised over, built once, not every epoch
     if action_level:
         allowed = [choices_tensor(action_choices(tokenizer, d.admissible)) for d in demos]
-    elif constrained:  # once, not every epoch
+    elif constrained:
         allowed = [allowed_positions(action_choices(tokenizer, d.admissible), r) for d, r in zip(demos, responses)]
     else:
         allowed = None
