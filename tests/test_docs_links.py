@@ -24,17 +24,22 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+def prose(page: Path) -> list[str]:
+    """The page's lines outside fenced code blocks (where neither headings nor links are markup)."""
+    out, fenced = [], False
+    for line in page.read_text().splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            out.append(line)
+    return out
+
+
 @cache  # each target page is parsed once, not once per link to it
 def anchors(page: Path) -> frozenset[str]:
     out: set[str] = set()
     seen: dict[str, int] = {}
-    fenced = False
-    for line in page.read_text().splitlines():
-        if FENCE.match(line):
-            fenced = not fenced
-            continue
-        if fenced:
-            continue
+    for line in prose(page):
         m = re.match(r"#{1,6} (.+)", line)
         if m:
             base = slug(m.group(1))
@@ -46,13 +51,7 @@ def anchors(page: Path) -> frozenset[str]:
 
 
 def links(page: Path) -> list[str]:
-    found, fenced = [], False
-    for line in page.read_text().splitlines():
-        if FENCE.match(line):
-            fenced = not fenced
-        elif not fenced:
-            found += [t for t in LINK.findall(line) if not re.match(r"[a-z]+:", t)]
-    return found
+    return [t for line in prose(page) for t in LINK.findall(line) if not re.match(r"[a-z]+:", t)]
 
 
 def test_slug_by_hand():

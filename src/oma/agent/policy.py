@@ -305,12 +305,11 @@ def action_scores(model, prompt_ids: Sequence[Sequence[int]], choices: Sequence[
     source = expand[owner]  # the distinct prompt each action continues
     past = out.past_key_values
     past.reorder_cache(source)
-    width = max(len(c) for c in flat)
+    lengths = torch.tensor([len(c) for c in flat], dtype=torch.long)
+    width = int(lengths.max())
+    action_mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(-1)  # right-padded
     action_ids = torch.full((len(flat), width), pad_id, dtype=torch.long)
-    action_mask = torch.zeros((len(flat), width), dtype=torch.bool)
-    for i, c in enumerate(flat):
-        action_ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-        action_mask[i, : len(c)] = True
+    action_ids[action_mask] = torch.tensor([t for c in flat for t in c], dtype=torch.long)  # row-major: in order
     prompt_mask = mask[source]
     attention = torch.cat([prompt_mask, action_mask.long()], dim=1)
     positions = prompt_mask.sum(-1, keepdim=True) + torch.arange(width).unsqueeze(0)
