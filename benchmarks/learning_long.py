@@ -26,7 +26,7 @@ DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy a
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
 warm start), per seed, as mean ± 95% Student-t CI over the seeds (oma.experiments.stats.mean_ci);
 every variant that shares seeds with ``--baseline`` (row+native unless named) is also paired with
-it by seed, in gain and in success at the horizon.
+it by seed, in gain and in success at the horizon; a named baseline without finished runs is refused.
 Runs that have not reached the horizon are listed and left out.
 """
 
@@ -80,8 +80,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default="benchmarks/learning-long.md")
     p.add_argument("--target", choices=sorted(TARGETS), default="long",
                    help="long: the long preset's per-run target; default: the default job's target over seeds")
-    p.add_argument("--baseline", default="row+native",
-                   help="the variant every other one is paired against, by seed (gain and success at the horizon)")
+    p.add_argument("--baseline",
+                   help="the variant every other one is paired against, by seed (gain and success at the horizon); "
+                        "default: row+native where it has runs; must name a variant with finished runs")
     p.add_argument("--command", help="how the runs were trained, named in the report (default: a generic oma train line)")
     args = p.parse_args(argv)
     per_run = args.target == "long"
@@ -109,6 +110,11 @@ def main(argv: list[str]) -> int:
             unfinished.append(key)
             continue
         runs.setdefault(variant, {})[int(seed)] = c
+    if args.baseline is not None and args.baseline not in runs:
+        print(f"--baseline {args.baseline!r}: no finished runs of that variant at iteration {args.horizon} "
+              f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
+        return 2
+    baseline = args.baseline or "row+native"
     png = Path(args.out).with_suffix(".png")
     plot(runs, png, args.horizon)
     lines = [
@@ -117,7 +123,7 @@ def main(argv: list[str]) -> int:
         f"Commands: {command} then `.venv/bin/python benchmarks/learning_long.py {root} "
         f"--preset {preset}{'' if args.horizon == 60 else f' --horizon {args.horizon}'}"
         f"{'' if per_run else f' --target {args.target}'}"
-        f"{'' if args.baseline == 'row+native' else f' --baseline {args.baseline!r}'}"
+        f"{'' if args.baseline is None else f' --baseline {args.baseline!r}'}"
         f"{' --command TEXT' if args.command else ''} --out {args.out}`.",
         f"Held-out success on 128 tasks at iterations 0 (the warm start) to {args.horizon}; gain = iteration "
         f"{args.horizon} − iteration 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}",
@@ -146,7 +152,7 @@ def main(argv: list[str]) -> int:
             else:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
-    lines += paired(runs, args.horizon, args.baseline)
+    lines += paired(runs, args.horizon, baseline)
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
     lines += [f"![learning curves]({png.name})", ""]

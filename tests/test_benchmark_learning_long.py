@@ -98,3 +98,17 @@ def test_every_variant_is_paired_against_the_baseline_in_gain_and_in_final_succe
     assert "- greedy gain: +0.050 ±" in text
     assert "- greedy success at iteration 2: +0.300 ±" in text
     assert "- sampled gain: +0.000 ±" in text
+
+
+def test_a_named_baseline_without_runs_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path / "runs" / "a" / "seed-0", (0.5, 0.5), (0.3, 0.3))
+    _run(tmp_path / "runs" / "a" / "seed-1", (0.6, 0.8), (0.3, 0.3))
+    (tmp_path / "runs" / "base" / "seed-0").mkdir(parents=True)  # started, not finished at the horizon
+    out = tmp_path / "report.md"
+    for name in ("bsae", "base"):  # a typo, and a variant with no finished run
+        assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--baseline", name, "--out", str(out)]) == 2
+        assert f"--baseline '{name}': no finished runs" in capsys.readouterr().err
+    assert not out.exists()
+    # unnamed, the row+native default is paired where it has runs and skipped where it has none
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--out", str(out)]) == 0
+    assert "paired by seed" not in out.read_text()
