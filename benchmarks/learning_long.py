@@ -166,7 +166,7 @@ def gain(curve: dict[str, dict[int, float]], metric: str, horizon: int) -> float
     return curve[metric][horizon] - curve[metric][0]
 
 
-def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str = "row+native") -> list[str]:
+def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
     """Each variant − ``baseline``, gain against gain and success against success at the horizon, over
     the seeds both finished (the success difference is what a user of either gets; with the same warm
     starts it equals the gain difference)."""
