@@ -522,6 +522,67 @@ def test_learning_signal_by_hand():
     assert "kl_warm_start" not in learning_signal(rows, scores, mask, adv, logp_old, entropy, None)
 
 
+def test_choice_tokens_by_hand():
+    """Which tokens were choices, for each kind of policy, and the entropy over them alone."""
+    from oma.agent.rollout import Rows
+    from oma.train.loop import choice_mask, learning_signal
+
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    # token-level constraint: (position, token) pairs; row 0 chose among 2 tokens, then 1, then 1 (forced);
+    # row 1 among 3, then 2; its position 2 is past the response (a stray pair there must not count)
+    lm = [torch.tensor([[0, 5], [0, 6], [1, 7], [2, 2]]), torch.tensor([[0, 5], [0, 6], [0, 8], [1, 3], [1, 4], [2, 2], [2, 9]])]
+    rows = Rows(prompt_ids=[[1]] * 2, response_ids=[[5, 7, 2], [8, 3]], group_index=torch.tensor([0, 0]),
+                traj_index=torch.tensor([0, 1]), allowed=lm)
+    assert choice_mask(rows, mask).tolist() == [[True, False, False], [True, True, False]]
+    entropy = torch.tensor([[0.6, 0.0, 0.0], [1.0, 0.5, 99.0]])
+    got = learning_signal(rows, torch.tensor([1.0, 0.0]), mask, torch.zeros(2), torch.zeros(2, 3), entropy, None)
+    assert got["choice_tokens"] == pytest.approx(3 / 5)
+    assert got["entropy_choices"] == pytest.approx((0.6 + 1.0 + 0.5) / 3)
+    assert got["entropy"] == pytest.approx(got["entropy_choices"] * got["choice_tokens"])  # forced tokens add 0
+    # tabular: table slots of the admissible actions, one choice per row on all its tokens
+    rows.allowed = [torch.tensor([4]), torch.tensor([1, 2, 3])]
+    assert choice_mask(rows, mask).tolist() == [[False, False, False], [True, True, False]]
+    # action level: [k, w] admissible actions padded with -1
+    rows.allowed, rows.action_level = [torch.tensor([[5, 2], [6, -1]]), torch.tensor([[8, 3]])], True
+    assert choice_mask(rows, mask).tolist() == [[True, True, True], [False, False, False]]
+    # a batch with no choice at all reports None (JSON null), not NaN or 0
+    rows.allowed = [torch.tensor([[5, 2]]), torch.tensor([[8, 3]])]
+    got = learning_signal(rows, torch.tensor([1.0, 0.0]), mask, torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, 3), None)
+    assert got["choice_tokens"] == 0.0 and got["entropy_choices"] is None
+    # unconstrained: every token is a choice among the vocabulary
+    rows.allowed, rows.action_level = None, False
+    assert torch.equal(choice_mask(rows, mask), mask)
+
+
+def test_forced_tokens_have_zero_entropy_in_a_real_rollout(tiny_policy):
+    """On a constrained generation, the tokens choice_mask calls forced have entropy exactly 0 and the
+    choices do not, so ``entropy`` = ``entropy_choices`` × ``choice_tokens``."""
+    from oma.agent.policy import action_choices, generate
+    from oma.agent.rollout import Rows
+    from oma.train.loop import choice_mask, learning_signal, per_token
+
+    model, tok = tiny_policy
+    env = oma.envs.make("household", hint=True, notes=True)
+    prompts, choices = [], []
+    for seed in range(4):
+        obs, info = env.reset(seed)
+        prompts.append(tok(step_prompt(info["task"], [], obs, info["admissible_actions"], 0), add_special_tokens=False)["input_ids"])
+        choices.append(action_choices(tok, info["admissible_actions"]))
+    gen = generate(model, tok, prompts, max_new_tokens=2, temperature=1.0, generator=torch.Generator().manual_seed(0),
+                   choices=choices)
+    rows = Rows(prompt_ids=prompts, response_ids=gen.response_ids, group_index=torch.zeros(4, dtype=torch.long),
+                traj_index=torch.arange(4), allowed=gen.allowed)
+    lengths = torch.tensor([len(r) for r in gen.response_ids])
+    mask = torch.arange(int(lengths.max())).unsqueeze(0) < lengths.unsqueeze(-1)
+    entropy = per_token(gen.entropy, mask.shape[1])
+    picked = choice_mask(rows, mask)
+    assert bool(picked.any()) and bool((picked != mask).any())  # both kinds occur
+    assert bool((entropy[mask & ~picked] == 0).all()) and bool((entropy[picked] > 0).all())
+    got = learning_signal(rows, torch.zeros(4), mask, torch.zeros(4), torch.zeros(mask.shape), entropy, None)
+    assert got["entropy"] == pytest.approx(got["entropy_choices"] * got["choice_tokens"], rel=1e-6)
+    assert got["entropy_choices"] > got["entropy"]
+
+
 def test_rows_without_advantage_are_skipped_exactly(monkeypatch, tiny_policy):
     """Skipping the forward pass of A = 0 rows changes neither the loss nor the gradient; their tokens
     still count in the weights' normalisers (token-mean over the whole mini-batch)."""

@@ -336,8 +336,29 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
     return {**out, "time_eval": time.perf_counter() - t0}
 
 
+def choice_mask(rows: Rows, mask: Tensor) -> Tensor:
+    """bool [R, L]: the response tokens drawn among two or more options, within ``mask``.
+
+    Unconstrained, every token is drawn from the whole vocabulary. Under token-level constrained
+    decoding a token is a choice where ``rows.allowed`` lists two or more tokens at its position; the
+    rest are forced (one admissible action left, probability 1, entropy and gradient 0). The
+    action-level and tabular policies record one choice per row on every token of it, so a row's
+    tokens are choices when it had two or more admissible actions.
+    """
+    if rows.allowed is None:
+        return mask.clone()
+    width = mask.shape[1]
+    out = torch.zeros_like(mask)
+    for r, allowed in enumerate(rows.allowed):
+        if rows.action_level or allowed.dim() == 1:  # [k, w] admissible actions, or [k] table slots
+            out[r] = mask[r] & (len(allowed) > 1)
+        else:  # [n, 2] (position, token) pairs
+            out[r] = mask[r] & (torch.bincount(allowed[:, 0], minlength=width)[:width] > 1)
+    return out
+
+
 def learning_signal(rows: Rows, scores: Tensor, mask: Tensor, adv: Tensor, logp_old: Tensor, entropy: Tensor,
-                    logp_ref: Tensor | None) -> dict[str, float]:
+                    logp_ref: Tensor | None) -> dict[str, float | None]:
     """What RL has to work with in this batch (docs/training.md#metrics).
 
     * ``zero_spread_groups``: share of groups whose trajectories all have the same score (``scores``,
@@ -346,6 +367,9 @@ def learning_signal(rows: Rows, scores: Tensor, mask: Tensor, adv: Tensor, logp_
     * ``adv_abs_mean``: mean |A| over rows.
     * ``entropy``: per-token entropy (nats) of the rollout policy's (constrained) distribution,
       mean over response tokens.
+    * ``choice_tokens``, ``entropy_choices``: the share of response tokens that were choices
+      (:func:`choice_mask`), and the same entropy's mean over them alone (None when there is none):
+      forced tokens have entropy 0, so ``entropy`` is ``entropy_choices`` × ``choice_tokens``.
     * ``kl_warm_start``: k3 estimate of KL(π_rollout ‖ π_warm-start), mean over response tokens
       (samples from the rollout policy); absent when no warm-start copy is kept.
     """
@@ -354,6 +378,10 @@ def learning_signal(rows: Rows, scores: Tensor, mask: Tensor, adv: Tensor, logp_
     out = {"zero_spread_groups": float(stats.degenerate.float().mean()) if len(rows) else 0.0,
            "adv_abs_mean": float(adv.abs().mean()) if len(rows) else 0.0,
            "entropy": float((entropy * mask).sum()) / n_tokens}
+    choices = choice_mask(rows, mask)
+    n_choices = int(choices.sum())
+    out["choice_tokens"] = n_choices / n_tokens
+    out["entropy_choices"] = float((entropy * choices).sum()) / n_choices if n_choices else None
     if logp_ref is not None:
         out["kl_warm_start"] = float(kl_k3(logp_old, logp_ref, mask).sum()) / n_tokens
     return out
@@ -535,7 +563,9 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                 save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)})
             progress.update(rl, advance=1, description=(
                 f"RL it {it}: success {record['success']:.2f} rows/traj {record['rows_per_traj']:.1f} "
-                f"entropy {record['entropy']:.2f} flat groups {record['zero_spread_groups']:.2f} "
+                f"entropy {record['entropy']:.2f}"
+                + (f" (choices {record['entropy_choices']:.2f})" if record["entropy_choices"] is not None else "")
+                + f" flat groups {record['zero_spread_groups']:.2f} "
                 f"{record['rows_per_s']:.0f} rows/s"
                 + (f" eval {record['eval_success']:.2f} (sampled {record['eval_sampled_success']:.2f})"
                    if "eval_success" in record else "")))
