@@ -71,11 +71,14 @@ class ExpertTap:
         return getattr(self.env, name)
 
 
-def labelled_rollout(cfg, model, tokenizer, seeds, generator):
+def labelled_rollout(cfg, model, tokenizer, seeds, generator, *, group_size=None, temperature=None):
+    """A rollout as an RL iteration's (the job's group size and temperature unless given) and its
+    expert labels: ``(rollout, [(expert action, admissible actions, action taken)] per row)``."""
     log: list[tuple[str, list[str], str]] = []
     make_env = lambda: ExpertTap(oma.envs.make(cfg.env.name, **cfg.env.options), log)  # noqa: E731
-    ro = policy_rollout(cfg, make_env, model, tokenizer, seeds, group_size=cfg.env.group_size,
-                        temperature=cfg.policy.temperature, generator=generator)
+    ro = policy_rollout(cfg, make_env, model, tokenizer, seeds,
+                        group_size=cfg.env.group_size if group_size is None else group_size,
+                        temperature=cfg.policy.temperature if temperature is None else temperature, generator=generator)
     if len(log) != len(ro.rows):
         raise RuntimeError(f"{len(log)} expert labels for {len(ro.rows)} rows")
     return ro, log
@@ -156,8 +159,9 @@ def rl_gradients(cfg, model, tokenizer, ro, params, log=None, by_kind=False) -> 
     return out
 
 
-def oracle_gradient(cfg, model, tokenizer, ro, log, params) -> torch.Tensor:
-    """Gradient of −(token-mean log-likelihood of the expert's actions) on the rollout's states."""
+def oracle_gradient(cfg, model, tokenizer, ro, log, params, keep=None) -> torch.Tensor:
+    """Gradient of −(token-mean log-likelihood of the expert's actions) on the rollout's states; with
+    ``keep`` (bool [R]) the part of it that comes from those rows (the token mean still over all rows)."""
     eos = tokenizer.eos_token_id
     responses = [ids + [eos] for ids in tokenizer([a for a, _, _ in log], add_special_tokens=False)["input_ids"]]
     allowed = [allowed_positions(action_choices(tokenizer, adm), r) for (_, adm, _), r in zip(log, responses)]
@@ -165,6 +169,8 @@ def oracle_gradient(cfg, model, tokenizer, ro, log, params) -> torch.Tensor:
     logp, inverse = distinct_logprobs(cfg, model, expert_rows, tokenizer.pad_token_id)
     lengths = torch.tensor([len(r) for r in responses])
     coef = (torch.arange(logp.shape[1]) < lengths.unsqueeze(-1)).to(logp.dtype) / float(lengths.sum())
+    if keep is not None:
+        coef = coef * keep.unsqueeze(-1)
     return coefficient_gradient(logp, inverse, coef, params)
 
 
