@@ -183,10 +183,64 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def trajectory(group: Path) -> list[dict]:
+    """For each ``seed-K`` run of ``group`` (folders of ``oma train``): the mean f on the goal-here and
+    goal-elsewhere probes at the warm start and at every checkpointed iteration."""
+    from oma.train.checkpoint import load_checkpoint
+    from oma.train.loop import make_optimizer
+
+    out = []
+    for run in sorted(group.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
+        cfg = load_config(run / "config.json")
+        torch.set_num_threads(cfg.threads)
+        make_env = env_factory(cfg)
+        model, tokenizer, _ = build_policy(cfg, make_env)
+        seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
+        ro, log = labelled_rollout(cfg, model, tokenizer, seeds, None, group_size=1, temperature=0.0)
+        first = (ro.rows.step_index == 0).nonzero().squeeze(-1).tolist()
+        here = []
+        for i in first:
+            observation, info = make_env().reset(seeds[int(ro.rows.group_index[i])])
+            here.append(first_step_case(info["task"], observation) == "goal here")
+        here_t = torch.tensor(here)
+        iterations = [0] + sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("iter_*"))
+        optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+        for it in iterations:
+            if it:
+                load_checkpoint(run / "checkpoints" / f"iter_{it:06d}", model, optimizer)
+            with torch.no_grad():
+                f = torch.tensor([float(decision(cfg, model, tokenizer, ro.rows.prompt_ids[i], log[i][1])) for i in first])
+            out.append({"run": str(run), "seed": cfg.seed, "iteration": it, "here": float(f[here_t].mean()),
+                        "elsewhere": float(f[~here_t].mean())})
+        print(f"{run}: iterations {iterations}", file=sys.stderr)
+    return out
+
+
+def trajectory_table(points: list[dict]) -> str:
+    """Markdown: per seed and iteration the mean f of both kinds, then the change from the warm start
+    to the last iteration, mean ± CI over seeds, of the bias and the comparison."""
+    lines = ["| seed | iteration | f, goal here | f, goal elsewhere | bias | comparison |", "|---:|---:|---:|---:|---:|---:|"]
+    for p in points:
+        lines.append(f"| {p['seed']} | {p['iteration']} | {p['here']:+.2f} | {p['elsewhere']:+.2f} "
+                     f"| {(p['here'] + p['elsewhere']) / 2:+.2f} | {p['elsewhere'] - p['here']:+.2f} |")
+    by_run: dict[str, list[dict]] = defaultdict(list)
+    for p in points:
+        by_run[p["run"]].append(p)
+    first_last = [(ps[0], ps[-1]) for ps in by_run.values()]
+    bias = [((b["here"] + b["elsewhere"]) - (a["here"] + a["elsewhere"])) / 2 for a, b in first_last]
+    comparison = [(b["elsewhere"] - b["here"]) - (a["elsewhere"] - a["here"]) for a, b in first_last]
+    last = first_last[0][1]["iteration"]
+    lines += ["", f"From the warm start to iteration {last}, over {len(first_last)} seeds: bias {fmt(bias, 2)}, "
+              f"comparison {fmt(comparison, 2)}."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plot", nargs="+", metavar="JSON", help="only plot these --json outputs to --png, one panel each")
     ap.add_argument("--png", type=Path, default=Path("benchmarks/room-bias.png"))
+    ap.add_argument("--trajectory", nargs="+", type=Path, metavar="GROUP",
+                    help="only follow f through training: GROUP holds seed-K run folders of oma train")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batches", type=int, default=3, help="training batches, each of the job's tasks × episodes")
     ap.add_argument("--json", help="also write every per-batch figure here")
@@ -198,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         for res in results:
             print(f"seed {res['seed']}, the job's update by credit:\n\n{credit_table(res['table'])}\n")
         print(f"wrote {args.png}")
+        return 0
+    if args.trajectory:
+        for group in args.trajectory:
+            print(f"## {group}\n\n{trajectory_table(trajectory(group))}\n")
         return 0
     cfg = load_config(None, [*args.overrides, f"seed={args.seed}"])
     if cfg.env.name != "household" or not cfg.env.options.get("hint"):

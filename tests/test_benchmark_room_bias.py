@@ -107,3 +107,15 @@ def test_credit_table_sums_the_parts_per_batch() -> None:
     assert rows["right action pushed down or wrong one up, toward staying"][0].startswith("-2.00 ± 0.00")
     assert rows["all mis-credited (the last two)"][0].startswith("-2.00")
     assert rows["all rightly credited (the first two)"][0].startswith("+3.00")
+
+
+def test_trajectory_table_by_hand() -> None:
+    m = _module()
+    points = [{"run": "a", "seed": 0, "iteration": 0, "here": -1.0, "elsewhere": 1.0},
+              {"run": "a", "seed": 0, "iteration": 15, "here": -2.0, "elsewhere": 0.0},  # bias -1, comparison 0
+              {"run": "b", "seed": 1, "iteration": 0, "here": 0.0, "elsewhere": 0.0},
+              {"run": "b", "seed": 1, "iteration": 15, "here": -1.0, "elsewhere": 1.0}]  # bias 0, comparison +2
+    text = m.trajectory_table(points)
+    assert "| 0 | 15 | -2.00 | +0.00 | -1.00 | +2.00 |" in text
+    # over the 2 seeds: bias (-1, 0) mean -0.5, comparison (0, 2) mean +1; half-widths 12.706 × sd/√2
+    assert "bias -0.50 ± 6.35, comparison +1.00 ± 12.71." in text
