@@ -67,17 +67,25 @@ def decision(cfg, model, tokenizer, prompt: list[int], admissible: list[str]) ->
     return torch.logsumexp(action_logp[leaves], 0) - torch.logsumexp(action_logp[stays], 0)
 
 
-def probes(cfg, model, tokenizer, make_env, params):
-    """(case per probe, the warm start's greedy first action kind, f [N], J [N, P]) on the held-out first states."""
+def first_states(cfg, model, tokenizer, make_env):
+    """The held-out first states: ``(prompt ids, admissible actions, case, greedy action kind)`` per task,
+    from one greedy episode of each of the job's held-out tasks (their prompts are the rollout's own)."""
     seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
     ro, log = labelled_rollout(cfg, model, tokenizer, seeds, None, group_size=1, temperature=0.0)
-    first = (ro.rows.step_index == 0).nonzero().squeeze(-1).tolist()
-    cases, greedy, values, jac = [], [], [], []
-    for i in first:
+    out = []
+    for i in (ro.rows.step_index == 0).nonzero().squeeze(-1).tolist():
         observation, info = make_env().reset(seeds[int(ro.rows.group_index[i])])
-        cases.append(first_step_case(info["task"], observation))
-        greedy.append(action_kind(log[i][2]))
-        f = decision(cfg, model, tokenizer, ro.rows.prompt_ids[i], log[i][1])
+        out.append((ro.rows.prompt_ids[i], log[i][1], first_step_case(info["task"], observation), action_kind(log[i][2])))
+    return out
+
+
+def probes(cfg, model, tokenizer, make_env, params):
+    """(case per probe, the warm start's greedy first action kind, f [N], J [N, P]) on the held-out first states."""
+    cases, greedy, values, jac = [], [], [], []
+    for prompt, admissible, case, kind in first_states(cfg, model, tokenizer, make_env):
+        cases.append(case)
+        greedy.append(kind)
+        f = decision(cfg, model, tokenizer, prompt, admissible)
         values.append(float(f.detach()))
         jac.append(flat_grad(f, params))
     return cases, greedy, torch.tensor(values), torch.stack(jac)
@@ -195,21 +203,16 @@ def trajectory(group: Path) -> list[dict]:
         torch.set_num_threads(cfg.threads)
         make_env = env_factory(cfg)
         model, tokenizer, _ = build_policy(cfg, make_env)
-        seeds = [cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)]
-        ro, log = labelled_rollout(cfg, model, tokenizer, seeds, None, group_size=1, temperature=0.0)
-        first = (ro.rows.step_index == 0).nonzero().squeeze(-1).tolist()
-        here = []
-        for i in first:
-            observation, info = make_env().reset(seeds[int(ro.rows.group_index[i])])
-            here.append(first_step_case(info["task"], observation) == "goal here")
-        here_t = torch.tensor(here)
+        states = first_states(cfg, model, tokenizer, make_env)  # at the warm start: the first prompts do not depend on it
+        here_t = torch.tensor([case == "goal here" for _, _, case, _ in states])
         iterations = [0] + sorted(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("iter_*"))
         optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
         for it in iterations:
             if it:
                 load_checkpoint(run / "checkpoints" / f"iter_{it:06d}", model, optimizer)
             with torch.no_grad():
-                f = torch.tensor([float(decision(cfg, model, tokenizer, ro.rows.prompt_ids[i], log[i][1])) for i in first])
+                f = torch.tensor([float(decision(cfg, model, tokenizer, prompt, admissible))
+                                  for prompt, admissible, _, _ in states])
             out.append({"run": str(run), "seed": cfg.seed, "iteration": it, "here": float(f[here_t].mean()),
                         "elsewhere": float(f[~here_t].mean())})
         print(f"{run}: iterations {iterations}", file=sys.stderr)

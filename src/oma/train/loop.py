@@ -347,14 +347,17 @@ def choice_mask(rows: Rows, mask: Tensor) -> Tensor:
     """
     if rows.allowed is None:
         return mask.clone()
+    if not rows.allowed:  # an empty batch
+        return torch.zeros_like(mask)
+    if rows.action_level or rows.allowed[0].dim() == 1:  # [k, w] admissible actions, or [k] table slots
+        return mask & (torch.tensor([len(a) for a in rows.allowed]) > 1).unsqueeze(-1)
+    # [n, 2] (position, token) pairs: count the options at each (row, position), all rows in one bincount
     width = mask.shape[1]
-    out = torch.zeros_like(mask)
-    for r, allowed in enumerate(rows.allowed):
-        if rows.action_level or allowed.dim() == 1:  # [k, w] admissible actions, or [k] table slots
-            out[r] = mask[r] & (len(allowed) > 1)
-        else:  # [n, 2] (position, token) pairs
-            out[r] = mask[r] & (torch.bincount(allowed[:, 0], minlength=width)[:width] > 1)
-    return out
+    row = torch.cat([torch.full((len(a),), r, dtype=torch.long) for r, a in enumerate(rows.allowed)])
+    position = torch.cat([a[:, 0] for a in rows.allowed])
+    inside = position < width
+    counts = torch.bincount(row[inside] * width + position[inside], minlength=len(rows.allowed) * width)
+    return mask & (counts.view(len(rows.allowed), width) > 1)
 
 
 def learning_signal(rows: Rows, scores: Tensor, mask: Tensor, adv: Tensor, logp_old: Tensor, entropy: Tensor,
