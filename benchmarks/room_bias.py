@@ -257,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.png}")
         return 0
     if args.trajectory:
+        # nargs="+" also takes a key=value written after the groups: say so instead of an empty table
+        for group in args.trajectory:
+            if not any(group.glob("seed-*")):
+                print(f"--trajectory {group}: expected a folder holding seed-K run folders of oma train "
+                      "(the trajectory reads each run's own config, so it takes no overrides)", file=sys.stderr)
+                return 2
         for group in args.trajectory:
             print(f"## {group}\n\n{trajectory_table(trajectory(group))}\n")
         return 0

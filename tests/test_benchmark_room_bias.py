@@ -119,3 +119,10 @@ def test_trajectory_table_by_hand() -> None:
     assert "| 0 | 15 | -2.00 | +0.00 | -1.00 | +2.00 |" in text
     # over the 2 seeds: bias (-1, 0) mean -0.5, comparison (0, 2) mean +1; half-widths 12.706 × sd/√2
     assert "bias -0.50 ± 6.35, comparison +1.00 ± 12.71." in text
+
+
+def test_trajectory_rejects_a_group_without_runs(tmp_path, capsys) -> None:
+    (tmp_path / "group" / "seed-0").mkdir(parents=True)
+    code = _module().main(["--trajectory", str(tmp_path / "group"), "threads=1"])
+    assert code == 2
+    assert "--trajectory threads=1: expected a folder holding seed-K run folders" in capsys.readouterr().err
