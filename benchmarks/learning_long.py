@@ -33,6 +33,7 @@ Runs that have not reached the horizon are listed and left out.
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import sys
 from pathlib import Path
@@ -211,8 +212,14 @@ def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:
         ax.set_xlim(0, horizon)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success (128 tasks)")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    if len(runs) <= 3:
+        axes[0].legend(fontsize=8)
+        fig.tight_layout()
+    else:  # a legend this long would cover the curves: put it below both panels
+        rows = math.ceil(len(runs) / 2)
+        fig.set_figheight(3.6 + 0.25 * rows)
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.25 * rows / (3.6 + 0.25 * rows) + 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

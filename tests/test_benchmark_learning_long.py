@@ -112,3 +112,18 @@ def test_a_named_baseline_without_runs_is_refused(tmp_path: Path, capsys: pytest
     # unnamed, the row+native default is paired where it has runs and skipped where it has none
     assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--out", str(out)]) == 0
     assert "paired by seed" not in out.read_text()
+
+
+def test_a_long_legend_goes_below_the_panels(tmp_path: Path) -> None:
+    # four variants: the legend leaves the greedy panel (where it would cover the curves) for the figure,
+    # and the figure grows by its two rows
+    import matplotlib.image
+
+    m = _module()
+    runs = {f"variant {k}": {0: {"eval_success": {0: 0.1, 2: 0.2}, "eval_sampled_success": {0: 0.1, 2: 0.3}}}
+            for k in range(4)}
+    m.plot(runs, tmp_path / "four.png", 2)
+    m.plot(dict(list(runs.items())[:3]), tmp_path / "three.png", 2)
+    four, three = (matplotlib.image.imread(tmp_path / f"{n}.png") for n in ("four", "three"))
+    assert four.shape[1] == three.shape[1]
+    assert four.shape[0] == round(120 * (3.6 + 0.25 * 2)) and three.shape[0] == round(120 * 3.6)
