@@ -33,8 +33,8 @@ Runs that have not reached the horizon are listed and left out.
 from __future__ import annotations
 
 import argparse
-import math
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -216,10 +216,10 @@ def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:
         axes[0].legend(fontsize=8)
         fig.tight_layout()
     else:  # a legend this long would cover the curves: put it below both panels
-        rows = math.ceil(len(runs) / 2)
-        fig.set_figheight(3.6 + 0.25 * rows)
+        legend_height = 0.25 * math.ceil(len(runs) / 2)  # inches: two entries per line
+        fig.set_figheight(3.6 + legend_height)
         fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8, frameon=False)
-        fig.tight_layout(rect=(0, 0.25 * rows / (3.6 + 0.25 * rows) + 0.02, 1, 1))
+        fig.tight_layout(rect=(0, legend_height / (3.6 + legend_height) + 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

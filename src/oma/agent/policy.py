@@ -149,10 +149,15 @@ def allowed_positions(choices: Choices, response: Sequence[int]) -> Tensor:
     return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
 
 
+def allowed_rows(allowed: Sequence[Tensor]) -> Tensor:
+    """long [n]: the row of each (position, token) pair of ``allowed``, in the order ``torch.cat`` joins them."""
+    return torch.repeat_interleave(torch.arange(len(allowed)), torch.tensor([len(a) for a in allowed], dtype=torch.long))
+
+
 def allowed_mask(allowed: Sequence[Tensor], width: int, vocab: int) -> Tensor:
     """bool [R, width, V] from each row's (position, token) pairs, in one indexed write."""
     mask = torch.zeros(len(allowed), width, vocab, dtype=torch.bool)
-    rows = torch.cat([torch.full((len(a),), r, dtype=torch.long) for r, a in enumerate(allowed)])
+    rows = allowed_rows(allowed)
     pairs = torch.cat(list(allowed))
     mask[rows, pairs[:, 0], pairs[:, 1]] = True
     return mask

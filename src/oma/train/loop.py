@@ -26,7 +26,7 @@ from rich.table import Table
 from torch import Tensor
 
 import oma.envs
-from oma.agent.policy import action_response_logprobs, response_logprobs, unique_index
+from oma.agent.policy import action_response_logprobs, allowed_rows, response_logprobs, unique_index
 from oma.agent.rollout import Rollout, Rows, rollout
 from oma.agent.tabular import TabularPolicy, tabular_rollout
 from oma.core import (
@@ -353,7 +353,7 @@ def choice_mask(rows: Rows, mask: Tensor) -> Tensor:
         return mask & (torch.tensor([len(a) for a in rows.allowed]) > 1).unsqueeze(-1)
     # [n, 2] (position, token) pairs: count the options at each (row, position), all rows in one bincount
     width = mask.shape[1]
-    row = torch.cat([torch.full((len(a),), r, dtype=torch.long) for r, a in enumerate(rows.allowed)])
+    row = allowed_rows(rows.allowed)
     position = torch.cat([a[:, 0] for a in rows.allowed])
     inside = position < width
     counts = torch.bincount(row[inside] * width + position[inside], minlength=len(rows.allowed) * width)
