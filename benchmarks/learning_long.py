@@ -27,7 +27,14 @@ iterations 0, 10, ..., 60). The gain is success at the horizon minus success at 
 warm start), per seed, as mean ± 95% Student-t CI over the seeds (oma.experiments.stats.mean_ci);
 every variant that shares seeds with ``--baseline`` (row+native unless named) is also paired with
 it by seed, in gain and in success at the horizon; a named baseline without finished runs is refused.
-Runs that have not reached the horizon are listed and left out.
+Runs that have not reached the horizon are listed and left out. With two variants or more the report
+opens with a summary, one row per variant (the baseline first, then by mean greedy gain), and a forest
+plot of the gains with the target's (<out>-gains.png). Every 5-seed screen of the default job
+(benchmarks/learning-default-screens.md) is read this way from one folder of links to their runs:
+
+    .venv/bin/python benchmarks/learning_long.py runs/screens --preset configs/household-gigpo-oma.yaml \
+        --horizon 15 --target default --baseline 'the default job' --command TEXT \
+        --out benchmarks/learning-default-screens.md
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ TARGETS = {
     "long": "Target (greedy, per run): a gain of at least +25 points, or doubling where the warm start is below 25%.",
     "default": "Target (the default job's): a mean gain of at least +10 points with its 95% CI above 0, greedy and sampled.",
 }
+TARGET_GAIN = {"long": 0.25, "default": 0.10}
+"""The gain each target asks for (the long one per run, the default one as the mean over seeds), drawn in the forest plot."""
 
 
 def meets_target(start: float, end: float) -> bool:
@@ -118,6 +127,7 @@ def main(argv: list[str]) -> int:
     baseline = args.baseline or "row+native"
     png = Path(args.out).with_suffix(".png")
     plot(runs, png, args.horizon)
+    forest_png = png.with_name(f"{png.stem}-gains.png")
     lines = [
         f"# {preset} across seeds: held-out success gains",
         "",
@@ -130,6 +140,10 @@ def main(argv: list[str]) -> int:
         f"{args.horizon} − iteration 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}",
         "",
     ]
+    if len(runs) >= 2:
+        lines += summary(runs, args.horizon, baseline)
+        forest(runs, forest_png, args.horizon, baseline, TARGET_GAIN[args.target])
+        lines += [f"![gains per variant]({forest_png.name})", ""]
     for variant, seeds in runs.items():
         target_cell = ("| target ", "---|") if per_run else ("", "")
         lines += [f"## {variant}", "", f"| seed | greedy: warm start | end | gain {target_cell[0]}| sampled: warm start "
@@ -186,6 +200,75 @@ def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> lis
                              f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
         lines.append("")
     return lines
+
+
+def summary(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
+    """One table row per variant, the baseline first, then by greedy gain: its seeds, its gains, and (where ``baseline`` has runs)
+    the gain differences paired by seed with it over the seeds both finished, blank for the baseline and
+    where fewer than 2 seeds are shared. A paired CI's half-width is the smallest difference that study
+    could tell from 0."""
+    b = runs.get(baseline)
+    head = ["variant", "seeds", "greedy gain", "sampled gain"]
+    if b is not None:
+        head += [f"{label} gain − {baseline}'s, paired" for label in METRICS.values()]
+    lines = ["## Summary", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for variant in _ranked(runs, horizon, baseline):
+        a = runs[variant]
+        cells = [_estimate([gain(c, m, horizon) for c in a.values()]) for m in METRICS]
+        if b is not None:
+            shared = sorted(set(a) & set(b)) if variant != baseline else []
+            cells += [_estimate([gain(a[k], m, horizon) - gain(b[k], m, horizon) for k in shared])
+                      if len(shared) >= 2 else "" for m in METRICS]
+        lines.append(f"| {variant} | {', '.join(map(str, sorted(a)))} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _ranked(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
+    """The baseline, then the other variants by mean greedy gain, the largest first."""
+    def key(v: str) -> tuple[bool, float]:
+        return v != baseline, -sum(gain(c, "eval_success", horizon) for c in runs[v].values()) / len(runs[v])
+    return sorted(runs, key=key)
+
+
+def _estimate(values: list[float]) -> str:
+    if len(values) < 2:
+        return f"{values[0]:+.3f} (one seed)"
+    e = mean_ci(values)
+    return f"{e.mean:+.3f} ± {e.half_width:.3f}"
+
+
+def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline: str, target: float) -> None:
+    """Each variant's mean gain with its 95% CI, one row per variant in the summary's order (the baseline
+    on top, its CI as a grey band), greedy and sampled side by side, with 0 and the target's gain marked; a filled marker is a CI
+    that excludes 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = _ranked(runs, horizon, baseline)
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 1.2 + 0.32 * len(names)), sharey=True)
+    y = list(range(len(names)))[::-1]
+    for ax, (m, label) in zip(axes, METRICS.items()):
+        for yi, variant in zip(y, names):
+            gains = [gain(c, m, horizon) for c in runs[variant].values()]
+            e = mean_ci(gains) if len(gains) >= 2 else None
+            mean, hw = (e.mean, e.half_width) if e else (gains[0], 0.0)
+            color = "black" if variant == baseline else "tab:blue"
+            if variant == baseline and e:
+                ax.axvspan(e.lo, e.hi, color="0.85", zorder=0)
+            ax.errorbar(mean, yi, xerr=hw, fmt="o", color=color, capsize=3,
+                        mfc=color if e and (e.lo > 0 or e.hi < 0) else "white")
+        ax.axvline(0.0, color="0.5", lw=0.8)
+        ax.axvline(target, color="tab:red", lw=1, ls="--", label=f"target {target:+.2f}")
+        ax.set_title(f"{label} gain, iteration {horizon} − 0", fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y, [f"{v} (n={len(runs[v])})" for v in names], fontsize=8)
+    axes[0].set_ylim(-0.7, len(names) - 0.3)
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:

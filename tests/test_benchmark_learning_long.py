@@ -127,3 +127,45 @@ def test_a_long_legend_goes_below_the_panels(tmp_path: Path) -> None:
     four, three = (matplotlib.image.imread(tmp_path / f"{n}.png") for n in ("four", "three"))
     assert four.shape[1] == three.shape[1]
     assert four.shape[0] == round(120 * (3.6 + 0.25 * 2)) and three.shape[0] == round(120 * 3.6)
+
+
+def test_the_summary_puts_the_baseline_first_then_ranks_by_greedy_gain(tmp_path: Path) -> None:
+    # greedy gains: base +0.1, 0.0 (mean +0.05); a 0.0, +0.2 (mean +0.10); c +0.3 on seed 0 only.
+    # a − base, paired: −0.1, +0.2 -> mean +0.05, sd 0.3/√2, half-width t(0.975, 1) · sd / √2 = 12.706 · 0.15 = 1.906.
+    # Sampled gains are all 0. c shares one seed with base: not paired.
+    _run(tmp_path / "runs" / "a" / "seed-0", (0.5, 0.5), (0.3, 0.3))
+    _run(tmp_path / "runs" / "a" / "seed-1", (0.6, 0.8), (0.3, 0.3))
+    _run(tmp_path / "runs" / "base" / "seed-0", (0.2, 0.3), (0.3, 0.3))
+    _run(tmp_path / "runs" / "base" / "seed-1", (0.4, 0.4), (0.3, 0.3))
+    _run(tmp_path / "runs" / "c" / "seed-0", (0.2, 0.5), (0.3, 0.3))
+    out = tmp_path / "report.md"
+    args = [str(tmp_path / "runs"), "--horizon", "2", "--target", "default", "--baseline", "base", "--out", str(out)]
+    assert _module().main(args) == 0
+    table = out.read_text().split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+    assert table[0] == ("| variant | seeds | greedy gain | sampled gain | greedy gain − base's, paired "
+                        "| sampled gain − base's, paired |")
+    assert table[2] == "| base | 0, 1 | +0.050 ± 0.635 | +0.000 ± 0.000 |  |  |"  # sd 0.1/√2 · 12.706 / √2
+    assert table[3] == "| c | 0 | +0.300 (one seed) | +0.000 (one seed) |  |  |"
+    assert table[4] == "| a | 0, 1 | +0.100 ± 1.271 | +0.000 ± 0.000 | +0.050 ± 1.906 | +0.000 ± 0.000 |"
+    assert len(table) == 5
+    assert (tmp_path / "report-gains.png").is_file() and "![gains per variant](report-gains.png)" in out.read_text()
+
+
+def test_the_summary_without_the_baseline_has_no_paired_columns(tmp_path: Path) -> None:
+    m = _module()
+    runs = {v: {k: {"eval_success": {0: 0.1, 2: 0.1 + g}, "eval_sampled_success": {0: 0.1, 2: 0.1}}
+                for k, g in enumerate(gains)} for v, gains in (("x", (0.1, 0.3)), ("y", (0.2, 0.4)))}
+    lines = m.summary(runs, 2, "row+native")
+    assert lines[2] == "| variant | seeds | greedy gain | sampled gain |"
+    assert [line.split(" | ")[0] for line in lines[4:6]] == ["| y", "| x"]  # mean +0.30 before +0.20
+
+
+def test_the_forest_grows_a_row_per_variant(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    m = _module()
+    runs = {f"variant {k}": {s: {"eval_success": {0: 0.1, 2: 0.1 + 0.05 * s}, "eval_sampled_success": {0: 0.1, 2: 0.2}}
+                             for s in range(3)} for k in range(5)}
+    m.forest(runs, tmp_path / "five.png", 2, "variant 0", 0.10)
+    five = matplotlib.image.imread(tmp_path / "five.png")
+    assert five.shape[0] == round(120 * (1.2 + 0.32 * 5))
