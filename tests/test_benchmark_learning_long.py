@@ -76,7 +76,11 @@ def test_the_default_jobs_target_is_judged_over_seeds(tmp_path: Path) -> None:
     assert "- **greedy gain: +0.150 ±" in text and "n = 3 seeds; target met)" in text
     assert "- **sampled gain: +0.067 ±" in text and "n = 3 seeds; target not met)" in text
     m = _module()
-    assert m.meets_mean_target([0.15, 0.10, 0.20]) and not m.meets_mean_target([0.30, -0.05, 0.20])  # mean +0.15, CI reaches 0
+    from oma.experiments.stats import mean_ci
+
+    assert m.meets_mean_target(mean_ci([0.15, 0.10, 0.20]))
+    assert not m.meets_mean_target(mean_ci([0.30, -0.05, 0.20]))  # mean +0.15, CI reaches below 0
+    assert not m.meets_mean_target(mean_ci([0.09, 0.09, 0.09]))  # CI above 0, mean below +0.10
 
 
 def test_every_variant_is_paired_against_the_baseline_in_gain_and_in_final_success(tmp_path: Path) -> None:
