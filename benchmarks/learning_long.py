@@ -45,7 +45,7 @@ import math
 import sys
 from pathlib import Path
 
-from oma.experiments.stats import Estimate, mean_ci
+from oma.experiments.stats import Estimate, mean_ci, paired_diff
 
 METRICS = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
 
@@ -126,7 +126,6 @@ def main(argv: list[str]) -> int:
     baseline = args.baseline or "row+native"
     png = Path(args.out).with_suffix(".png")
     plot(runs, png, args.horizon)
-    forest_png = png.with_name(f"{png.stem}-gains.png")
     lines = [
         f"# {preset} across seeds: held-out success gains",
         "",
@@ -141,6 +140,7 @@ def main(argv: list[str]) -> int:
     ]
     if len(runs) >= 2:
         lines += summary(runs, args.horizon, baseline)
+        forest_png = png.with_name(f"{png.stem}-gains.png")
         forest(runs, forest_png, args.horizon, baseline, TARGET_GAIN[args.target])
         lines += [f"![gains per variant]({forest_png.name})", ""]
     for variant, seeds in runs.items():
@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
             lines.append(f"| {seed} | " + " | ".join(cells) + " |")
         lines.append("")
         for m, label in METRICS.items():
-            gains = [gain(c, m, args.horizon) for c in seeds.values()]
+            gains = seed_gains(seeds, m, args.horizon)
             if len(gains) >= 2:
                 e = mean_ci(gains)
                 verdict = "" if per_run else f"; target {'met' if meets_mean_target(e) else 'not met'}"
@@ -180,6 +180,11 @@ def gain(curve: dict[str, dict[int, float]], metric: str, horizon: int) -> float
     return curve[metric][horizon] - curve[metric][0]
 
 
+def seed_gains(seeds: dict[int, dict], metric: str, horizon: int, only: list[int] | None = None) -> list[float]:
+    """One variant's :func:`gain` per seed, in seed order; ``only``: these seeds alone."""
+    return [gain(seeds[k], metric, horizon) for k in (sorted(seeds) if only is None else only)]
+
+
 def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
     """Each variant − ``baseline``, gain against gain and success against success at the horizon, over
     the seeds both finished (the success difference is what a user of either gets; with the same warm
@@ -192,9 +197,9 @@ def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> lis
             continue
         lines += [f"## {variant} − {baseline}, paired by seed ({len(seeds)} seeds)", ""]
         for m, label in METRICS.items():
-            for what, diffs in (("gain", [gain(a[k], m, horizon) - gain(b[k], m, horizon) for k in seeds]),
-                                (f"success at iteration {horizon}", [a[k][m][horizon] - b[k][m][horizon] for k in seeds])):
-                e = mean_ci(diffs)
+            for what, e in (("gain", paired_diff(seed_gains(a, m, horizon, seeds), seed_gains(b, m, horizon, seeds))),
+                            (f"success at iteration {horizon}",
+                             paired_diff([a[k][m][horizon] for k in seeds], [b[k][m][horizon] for k in seeds]))):
                 lines.append(f"- {label} {what}: {e.mean:+.3f} ± {e.half_width:.3f} "
                              f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
         lines.append("")
@@ -202,10 +207,10 @@ def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> lis
 
 
 def summary(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
-    """One table row per variant, the baseline first, then by greedy gain: its seeds, its gains, and (where ``baseline`` has runs)
-    the gain differences paired by seed with it over the seeds both finished, blank for the baseline and
-    where fewer than 2 seeds are shared. A paired CI's half-width is the smallest difference that study
-    could tell from 0."""
+    """One table row per variant, the baseline first, then by greedy gain: its seeds, its gains, and (where
+    ``baseline`` has runs) the gain differences paired by seed with it (:func:`paired_diff`) over the seeds
+    both finished, blank for the baseline and where fewer than 2 seeds are shared. A paired CI's
+    half-width is the smallest difference that study could tell from 0."""
     b = runs.get(baseline)
     head = ["variant", "seeds", "greedy gain", "sampled gain"]
     if b is not None:
@@ -213,10 +218,10 @@ def summary(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> li
     lines = ["## Summary", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for variant in _ranked(runs, horizon, baseline):
         a = runs[variant]
-        cells = [_estimate([gain(c, m, horizon) for c in a.values()]) for m in METRICS]
+        cells = [_cell(mean_ci(seed_gains(a, m, horizon))) for m in METRICS]
         if b is not None:
             shared = sorted(set(a) & set(b)) if variant != baseline else []
-            cells += [_estimate([gain(a[k], m, horizon) - gain(b[k], m, horizon) for k in shared])
+            cells += [_cell(paired_diff(seed_gains(a, m, horizon, shared), seed_gains(b, m, horizon, shared)))
                       if len(shared) >= 2 else "" for m in METRICS]
         lines.append(f"| {variant} | {', '.join(map(str, sorted(a)))} | " + " | ".join(cells) + " |")
     return lines + [""]
@@ -225,21 +230,18 @@ def summary(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> li
 def _ranked(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
     """The baseline, then the other variants by mean greedy gain, the largest first."""
     def key(v: str) -> tuple[bool, float]:
-        return v != baseline, -sum(gain(c, "eval_success", horizon) for c in runs[v].values()) / len(runs[v])
+        return v != baseline, -mean_ci(seed_gains(runs[v], "eval_success", horizon)).mean
     return sorted(runs, key=key)
 
 
-def _estimate(values: list[float]) -> str:
-    if len(values) < 2:
-        return f"{values[0]:+.3f} (one seed)"
-    e = mean_ci(values)
-    return f"{e.mean:+.3f} ± {e.half_width:.3f}"
+def _cell(e: Estimate) -> str:
+    return f"{e.mean:+.3f} (one seed)" if e.n < 2 else f"{e.mean:+.3f} ± {e.half_width:.3f}"
 
 
 def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline: str, target: float) -> None:
     """Each variant's mean gain with its 95% CI, one row per variant in the summary's order (the baseline
-    on top, its CI as a grey band), greedy and sampled side by side, with 0 and the target's gain marked; a filled marker is a CI
-    that excludes 0."""
+    on top, its CI as a grey band), greedy and sampled side by side, with 0 and the target's gain marked;
+    a filled marker is a CI that excludes 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,14 +252,12 @@ def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline:
     y = list(range(len(names)))[::-1]
     for ax, (m, label) in zip(axes, METRICS.items()):
         for yi, variant in zip(y, names):
-            gains = [gain(c, m, horizon) for c in runs[variant].values()]
-            e = mean_ci(gains) if len(gains) >= 2 else None
-            mean, hw = (e.mean, e.half_width) if e else (gains[0], 0.0)
+            e = mean_ci(seed_gains(runs[variant], m, horizon))
             color = "black" if variant == baseline else "tab:blue"
-            if variant == baseline and e:
+            if variant == baseline and e.n > 1:
                 ax.axvspan(e.lo, e.hi, color="0.85", zorder=0)
-            ax.errorbar(mean, yi, xerr=hw, fmt="o", color=color, capsize=3,
-                        mfc=color if e and (e.lo > 0 or e.hi < 0) else "white")
+            ax.errorbar(e.mean, yi, xerr=e.half_width if e.n > 1 else 0.0, fmt="o", color=color, capsize=3,
+                        mfc=color if e.significant else "white")
         ax.axvline(0.0, color="0.5", lw=0.8)
         ax.axvline(target, color="tab:red", lw=1, ls="--", label=f"target {target:+.2f}")
         ax.set_title(f"{label} gain, iteration {horizon} − 0", fontsize=10)
