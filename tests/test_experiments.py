@@ -68,6 +68,7 @@ def test_compare_smoke_report_and_resume(tmp_path, monkeypatch, capsys):
     assert doc["overrides"] == [*TINY, cache]
     for key in ("platform", "cpu_count", "torch", "jobs", "threads_per_run"):
         assert key in doc["machine"]
+    assert doc["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and doc["machine"]["cpu"]
     assert set(doc["warm_starts"]) == {"seed-0", "seed-1"}
     runs = {}
     for v, accounting, mass in (("row+native", "row", "native"), ("OA+MA", "trajectory", "uniform")):
@@ -88,6 +89,7 @@ def test_compare_smoke_report_and_resume(tmp_path, monkeypatch, capsys):
         assert section in report, section
     assert all(_is_png(out / p) for p in PNGS)
     assert doc["command"] in report
+    assert f"of {doc['machine']['cpu']} ({doc['machine']['cpu_capability']})" in report  # the CPU the figures came from
     results = json.loads((out / "results.json").read_text())
     for (v, k), records in runs.items():
         ev = [r["eval_success"] for r in records if "eval_success" in r]  # iterations 0, 1, 2

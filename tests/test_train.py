@@ -205,7 +205,34 @@ def test_library_versions_name_a_missing_package_none(monkeypatch):
 
     monkeypatch.setattr(warmstart, "VERSIONED", ("torch", "no-such-package-oma-test"))
     versions = warmstart.library_versions()
-    assert versions == {"python": versions["python"], "torch": torch.__version__, "no-such-package-oma-test": None}
+    assert versions == {"python": versions["python"], "torch": torch.__version__, "no-such-package-oma-test": None,
+                        "cpu": warmstart.cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def test_cpu_model_reads_the_first_model_name(tmp_path):
+    from oma.train import warmstart
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz\n\n"
+                       "processor\t: 1\nmodel name\t: another\n")
+    assert warmstart.cpu_model(cpuinfo) == "Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz"
+    # no /proc/cpuinfo (macOS), or one without a model name (some ARM kernels): the platform's word for it
+    expected = platform.processor() or platform.machine()
+    assert warmstart.cpu_model(tmp_path / "missing") == expected
+    cpuinfo.write_text("processor\t: 0\nmodel name\t:   \nBogoMIPS\t: 50.00\n")
+    assert warmstart.cpu_model(cpuinfo) == expected
+
+
+def test_another_cpu_misses_the_warm_start_cache(monkeypatch):
+    """The same install on a CPU with other kernels (AVX2 against AVX512) can train another policy."""
+    from oma.train import warmstart
+
+    cfg = load_config(None, [])
+    here = warmstart.cache_key(cfg)
+    for key, value in (("cpu_capability", "NO-SUCH-ISA"), ("cpu", "another processor")):
+        other = {**warmstart.library_versions(), key: value}
+        monkeypatch.setattr(warmstart, "library_versions", lambda other=other: other)
+        assert warmstart.cache_key(cfg) != here, key
 
 
 def test_another_install_misses_the_warm_start_cache(monkeypatch):
@@ -240,6 +267,7 @@ def test_cli_smoke_two_iterations(tmp_path):
     assert versions["torch"] == torch.__version__ and versions["transformers"] == transformers.__version__
     assert versions["tokenizers"] == tokenizers.__version__ and versions["python"] == platform.python_version()
     assert versions["oma-rl"] == oma.__version__ and versions["numpy"] is not None
+    assert versions["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and versions["cpu"]
     assert len((out / "samples.jsonl").read_text().splitlines()) == 4
     assert sorted(p.name for p in (out / "batches").iterdir()) == ["iter_000001.parquet", "iter_000002.parquet"]
     # a second run into the same out_dir gets a fresh sibling; nothing is overwritten

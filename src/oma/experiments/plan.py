@@ -84,10 +84,14 @@ def run_state(run: Run) -> str:
 
 
 def machine_info(jobs: int, threads: int) -> dict[str, Any]:
-    """Where the comparison ran: platform, CPUs, library versions, parallelism."""
+    """Where the comparison ran: platform, CPUs (the processor and the instruction set torch's kernels use, which
+    decide a warm start's last bits: docs/training.md#reproducibility-and-resume), library versions, parallelism."""
     import torch
 
     import oma
+    from oma.train.warmstart import library_versions
+
+    versions = library_versions()
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -97,6 +101,8 @@ def machine_info(jobs: int, threads: int) -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "python": platform.python_version(),
+        "cpu": versions["cpu"],
+        "cpu_capability": versions["cpu_capability"],
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable,
         "torch": torch.__version__,

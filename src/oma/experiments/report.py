@@ -402,7 +402,8 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
     out += ["## Machine and wall time", ""]
     out += [(f"* {m.get('platform')} ({m.get('machine')}), Python {m.get('python')}, torch {m.get('torch')}, "
             f"oma {m.get('oma')}"),
-            (f"* CPUs: {m.get('cpu_count')} ({m.get('usable_cpus')} usable); jobs {m.get('jobs')}, "
+            (f"* CPUs: {m.get('cpu_count')} ({m.get('usable_cpus')} usable) of {m.get('cpu', 'an unrecorded processor')}"
+             f" ({m.get('cpu_capability', 'kernels not recorded')}); jobs {m.get('jobs')}, "
             f"{m.get('threads_per_run')} torch threads per run"),
             (f"* last invocation: started {doc.get('started')}, wall time {_minutes(doc.get('wall_time_s'))}; "
             f"all invocations: {_minutes(sum(x.get('wall_time_s') or 0 for x in doc.get('history', [])))}"),

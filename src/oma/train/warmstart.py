@@ -82,19 +82,38 @@ VERSIONED = ("oma-rl", "torch", "transformers", "tokenizers", "numpy")
 
 
 def library_versions() -> dict[str, str | None]:
-    """Python's and each of :data:`VERSIONED`'s installed version (``None`` if not installed)."""
+    """Python's and each of :data:`VERSIONED`'s installed version (``None`` if not installed), and the CPU.
+
+    The same install on another CPU can train another policy too: torch and MKL pick their kernels by
+    instruction set (``cpu_capability``, e.g. ``AVX512`` or ``AVX2``), and kernels that sum in another order
+    differ in the last bits, which SFT amplifies (docs/training.md#reproducibility-and-resume).
+    """
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in VERSIONED:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
+    out["cpu"] = cpu_model()
+    out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return out
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The processor's name as the OS reports it ("Intel(R) Xeon(R) Processor @ 2.60GHz"), or
+    ``platform.processor()`` where ``/proc/cpuinfo`` has none (macOS, Windows)."""
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine()
+
+
 def cache_key(cfg: TrainConfig) -> str:
-    """Hash of everything that determines the warm-started policy, the installed versions included
-    (:func:`library_versions`: another install can train another policy from the same config).
+    """Hash of everything that determines the warm-started policy, the installed versions and the CPU
+    included (:func:`library_versions`: another install, or another CPU, can train another policy from the
+    same config).
 
     The environment's ``reward_only_options`` are left out: ``shop`` with ``reward=score`` and
     ``reward=success`` sees the same demonstrations, so it shares one warm start.
