@@ -89,9 +89,7 @@ def machine_info(jobs: int, threads: int) -> dict[str, Any]:
     import torch
 
     import oma
-    from oma.train.warmstart import library_versions
-
-    versions = library_versions()
+    from oma.train.warmstart import cpu_info
 
     try:
         usable = len(os.sched_getaffinity(0))
@@ -101,8 +99,7 @@ def machine_info(jobs: int, threads: int) -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "python": platform.python_version(),
-        "cpu": versions["cpu"],
-        "cpu_capability": versions["cpu_capability"],
+        **cpu_info(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable,
         "torch": torch.__version__,

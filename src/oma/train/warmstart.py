@@ -94,9 +94,13 @@ def library_versions() -> dict[str, str | None]:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = None
-    out["cpu"] = cpu_model()
-    out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
-    return out
+    return {**out, **cpu_info()}
+
+
+def cpu_info() -> dict[str, str]:
+    """The CPU a run's numbers came from: its name (:func:`cpu_model`) and the instruction set torch's kernels
+    use (``cpu_capability``)."""
+    return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
