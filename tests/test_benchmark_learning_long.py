@@ -173,3 +173,24 @@ def test_the_forest_grows_a_row_per_variant(tmp_path: Path) -> None:
     m.forest(runs, tmp_path / "five.png", 2, "variant 0", 0.10)
     five = matplotlib.image.imread(tmp_path / "five.png")
     assert five.shape[0] == round(120 * (1.2 + 0.32 * 5))
+
+
+@pytest.mark.parametrize(("page", "evidence", "extra"), [
+    ("learning-default-15-seeds", "2026-12-04-15-seeds", []),
+    ("learning-default-oracle", "2026-12-04-oracle", ["--baseline", "the default job"]),
+])
+def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,
+                                                          extra: list[str]) -> None:
+    """Every table of the page, regenerated from the runs' metrics committed under benchmarks/evidence/."""
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    out = tmp_path / f"{page}.md"
+    assert _module().main([str(root / "evidence" / evidence), "--preset", "configs/household-gigpo-oma.yaml",
+                           "--horizon", "15", "--target", "default", *extra, "--command", "TEXT",
+                           "--out", str(out)]) == 0
+
+    def body(text: str) -> list[str]:  # the commands line names the paths; the tables must match exactly
+        return [ln for ln in text.splitlines()[3:] if not ln.startswith("![")]
+
+    committed = body((root / f"{page}.md").read_text())
+    assert sum(ln.startswith("| ") for ln in committed) > 10
+    assert body(out.read_text()) == committed

@@ -235,6 +235,26 @@ def test_another_cpu_misses_the_warm_start_cache(monkeypatch):
         assert warmstart.cache_key(cfg) != here, key
 
 
+def test_another_thread_count_misses_the_warm_start_cache():
+    """SFT at another torch thread count can train another policy (measured on an AVX512 Xeon), so a
+    2-thread run must not reuse the warm start a 1-thread run built, nor the other way round."""
+    import torch
+
+    from oma.train import warmstart
+
+    cfg = load_config(None, [])
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = warmstart.cache_key(cfg)
+        torch.set_num_threads(2)
+        two = warmstart.cache_key(cfg)
+        torch.set_num_threads(1)
+        assert warmstart.cache_key(cfg) == one != two
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_another_install_misses_the_warm_start_cache(monkeypatch):
     """The same config on another transformers trains another policy: it must not reuse this one's."""
     from oma.train import warmstart

@@ -14,8 +14,9 @@ both depend on ``seed``, ``env``, ``policy`` and ``warm_start`` only, never on `
 
 Resumable: a run with ``summary.json`` covering H iterations is reused; a run directory with a
 checkpoint is resumed (``train(..., resume=True)``, which also extends a shorter finished run to H);
-anything else is (re)started fresh. Warm starts are built first, one seed at a time, so parallel
-jobs (``--jobs N``, worker processes) never race on the cache.
+anything else is (re)started fresh. Warm starts are built first, each seed's once and with the runs' thread
+count, so parallel jobs (``--jobs N``, worker processes) never race on the cache and every run finds its
+seed's warm start cached.
 
 This module is the command; the plan (runs, their configs, reuse or resume) is
 :mod:`oma.experiments.plan`, one run :mod:`oma.experiments.worker`, the progress bars
@@ -38,7 +39,7 @@ from typing import Any
 from oma.experiments.plan import MAY_DIFFER, CompareError, Run, machine_info, run_config, run_key, run_state
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
-from oma.experiments.worker import _quiet_hf, execute_run
+from oma.experiments.worker import build_warm_start, execute_run
 from oma.train.config import config_diff
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
@@ -226,7 +227,7 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     interrupted = False
     try:
         with _Display(console, len(runs), len(runs) - len(pending), horizon) as display:
-            _warm_starts(pending, doc, save, display, threads if jobs == 1 else cpus)
+            _warm_starts(pending, doc, save, display, jobs, threads)
             if jobs == 1:
                 for r in pending:
                     _run_sequential(r, display, doc, save, failed, console)
@@ -262,35 +263,39 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     return 0
 
 
-def _warm_starts(pending: list[Run], doc: dict, save, display: _Display, threads: int) -> None:
-    """Build (or load) each pending seed's warm start once, in order, before any run starts."""
-    import torch
+def _warm_starts(pending: list[Run], doc: dict, save, display: _Display, jobs: int, threads: int) -> None:
+    """Build (or load) each pending seed's warm start once, before any run starts, with the runs' torch thread
+    count (the warm-start cache key names it): one seed after another in this process with ``--jobs 1``,
+    else ``jobs`` seeds at a time in worker processes. Different seeds never share a cache entry, so the
+    workers cannot race on one."""
+    first = {}
+    for r in pending:
+        first.setdefault(r.seed, r.cfg)
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _build_warm_starts(pending, doc, save, display)
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _build_warm_starts(pending: list[Run], doc: dict, save, display: _Display) -> None:
-    from oma.train.loop import env_factory
-    from oma.train.warmstart import build_policy, cache_key
-
-    for seed in sorted({r.seed for r in pending}):
-        cfg = next(r.cfg for r in pending if r.seed == seed)
-        before = set(display.progress.task_ids)
-        display.progress.add_task(f"warm start seed {seed}", total=None)
-        t0 = time.perf_counter()
-        with _quiet_hf():
-            _, _, info = build_policy(cfg, env_factory(cfg), display.progress)
-        for task in set(display.progress.task_ids) - before:  # ours and build_policy's SFT bar
-            display.progress.remove_task(task)
-        doc["warm_starts"][f"seed-{seed}"] = {"cache_key": cache_key(cfg), "cache": info["cache"],
-                                              "was_cached": bool(info["cached"]),
-                                              "wall_time_s": time.perf_counter() - t0}
+    def record(seed: int, built: dict) -> None:
+        doc["warm_starts"][f"seed-{seed}"] = built
         save()
+
+    if jobs == 1:
+        for seed, cfg in sorted(first.items()):
+            before = set(display.progress.task_ids)
+            display.progress.add_task(f"warm start seed {seed}", total=None)
+            built = build_warm_start(cfg, threads, display.progress)
+            for task in set(display.progress.task_ids) - before:  # ours and build_policy's SFT bar
+                display.progress.remove_task(task)
+            record(seed, built)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    tasks = {seed: display.progress.add_task(f"warm start seed {seed}", total=None) for seed in sorted(first)}
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        futures = {pool.submit(build_warm_start, first[seed], threads): seed for seed in sorted(first)}
+        for fut in as_completed(futures):
+            seed = futures[fut]
+            display.progress.remove_task(tasks[seed])
+            record(seed, fut.result())
 
 
 def _prepare_dir(r: Run) -> bool:

@@ -62,3 +62,24 @@ def execute_run(cfg, run_dir: str, resume: bool, threads: int | None) -> dict[st
         console = Console(file=fh, width=120, force_terminal=False, color_system=None)
         summary = loop.train(cfg, path, resume=resume, console=console)
     return {"wall_time_s": time.perf_counter() - t0, "iterations": int(summary["iterations"])}
+
+
+def build_warm_start(cfg, threads: int, progress=None) -> dict[str, Any]:
+    """Build (or load) ``cfg``'s warm start with ``threads`` torch threads, the count its runs train with:
+    the cache key names the thread count (:func:`oma.train.warmstart.cache_key`), so the runs then find it
+    cached. Returns what compare.json records of it. Also the worker of ``--jobs N``."""
+    import torch
+
+    from oma.train.loop import env_factory
+    from oma.train.warmstart import build_policy, cache_key
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t0 = time.perf_counter()
+        with _quiet_hf():
+            _, _, info = build_policy(cfg, env_factory(cfg), progress)
+        return {"cache_key": cache_key(cfg), "cache": info["cache"], "was_cached": bool(info["cached"]),
+                "wall_time_s": time.perf_counter() - t0}
+    finally:
+        torch.set_num_threads(previous)

@@ -222,7 +222,8 @@ class TrainConfig:
     """Log ``kl_warm_start`` (k3 KL of the rollout policy to the warm start) every iteration; it keeps a
     frozen copy of the warm-start policy and costs one forward pass over the batch's distinct rows."""
     threads: int = 2
-    """torch CPU threads."""
+    """torch CPU threads. The warm start's cache key names them: on some CPUs another thread count trains
+    another warm start (docs/training.md#reproducibility-and-resume)."""
     tensorboard: bool = True
     """Also write TensorBoard scalars (when the tensorboard package is installed)."""
 

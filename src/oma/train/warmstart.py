@@ -117,7 +117,8 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 def cache_key(cfg: TrainConfig) -> str:
     """Hash of everything that determines the warm-started policy, the installed versions and the CPU
     included (:func:`library_versions`: another install, or another CPU, can train another policy from the
-    same config).
+    same config), and torch's thread count now, the one SFT runs with: on some CPUs the thread count
+    changes the sums' last bits and SFT amplifies them (docs/training.md#reproducibility-and-resume).
 
     The environment's ``reward_only_options`` are left out: ``shop`` with ``reward=score`` and
     ``reward=success`` sees the same demonstrations, so it shares one warm start.
@@ -131,6 +132,7 @@ def cache_key(cfg: TrainConfig) -> str:
         "warm_start": {k: v for k, v in asdict(cfg.warm_start).items() if k != "cache_dir"},
         "seed": cfg.seed,
         "versions": library_versions(),
+        "threads": torch.get_num_threads(),
         # The prompt format decides what the policy was trained to read: a format change must miss the cache.
         "prompt": step_prompt("task", [("past observation", "past action")], "observation", ["a", "b"], 1),
     }
