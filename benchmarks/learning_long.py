@@ -21,6 +21,15 @@ target over seeds:
     .venv/bin/python benchmarks/learning_long.py runs/default-acc --preset configs/household-gigpo-oma.yaml \
         --horizon 15 --target default --out benchmarks/learning-default-accounting.md
 
+Runs that roll out other numbers of episodes per iteration (``env.tasks_per_iter``) are compared on
+the same data with ``--unit episode``: the horizon and the curves count training episodes, read from
+each run's config.json (benchmarks/learning-default-batch.md):
+
+    oma train env.tasks_per_iter=4 iterations=30 eval_every=15 seed=K threads=1 out_dir=runs/batch/4x8/seed-K
+    .venv/bin/python benchmarks/learning_long.py runs/batch --preset configs/household-gigpo-oma.yaml \
+        --horizon 960 --unit episode --target default --baseline 'the default job' --command TEXT \
+        --out benchmarks/learning-default-batch.md
+
 A folder with compare.json is read as that comparison's runs; any other folder as
 DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
@@ -68,7 +77,24 @@ def meets_mean_target(e: Estimate) -> bool:
     return e.mean >= TARGET_GAIN["default"] and e.lo > 0
 
 
-def curves(run_dir: Path) -> dict[str, dict[int, float]]:
+UNITS = {"iteration": "iteration", "episode": "training episode"}
+"""What a curve is indexed by: RL iterations, or the training episodes rolled out by then (iteration ×
+``env.tasks_per_iter`` × ``env.group_size`` of the run's config.json), so runs that roll out other numbers
+of episodes per iteration are compared on the same data."""
+
+
+def episodes_per_iteration(run_dir: Path) -> int:
+    """Training episodes of one RL iteration of the run: ``env.tasks_per_iter`` × ``env.group_size`` of its config.json."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise SystemExit(f"{run_dir}: no config.json, so its episodes per iteration are unknown (--unit episode)")
+    env = json.loads(path.read_text())["env"]
+    return int(env["tasks_per_iter"]) * int(env["group_size"])
+
+
+def curves(run_dir: Path, unit: str = "iteration") -> dict[str, dict[int, float]]:
+    """Held-out greedy and sampled success of a run, keyed by ``unit`` (:data:`UNITS`)."""
+    scale = episodes_per_iteration(run_dir) if unit == "episode" else 1
     out: dict[str, dict[int, float]] = {m: {} for m in METRICS}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         if not line.strip():
@@ -76,14 +102,17 @@ def curves(run_dir: Path) -> dict[str, dict[int, float]]:
         row = json.loads(line)
         for m in METRICS:
             if m in row:
-                out[m][int(row["iteration"])] = float(row[m])
+                out[m][int(row["iteration"]) * scale] = float(row[m])
     return out
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs_dir", help="an oma compare --out folder, or DIR/<variant>/seed-K run folders")
-    p.add_argument("--horizon", type=int, default=60)
+    p.add_argument("--horizon", type=int, default=60, help="where the gain is read, in --unit")
+    p.add_argument("--unit", choices=sorted(UNITS), default="iteration",
+                   help="iteration: RL iterations; episode: training episodes rolled out (runs that roll out "
+                        "other numbers of episodes per iteration, compared on the same data)")
     p.add_argument("--preset", default="configs/household-grpo-oma-long.yaml",
                    help="the preset the runs were trained from, named in the report (a compare.json names its own)")
     p.add_argument("--out", default="benchmarks/learning-long.md")
@@ -114,34 +143,36 @@ def main(argv: list[str]) -> int:
     for key in keys:
         variant, seed = key.split("/seed-")
         metrics = root / key / "metrics.jsonl"
-        c = curves(root / key) if metrics.is_file() else None
+        c = curves(root / key, args.unit) if metrics.is_file() else None
         if c is None or args.horizon not in c["eval_success"]:
             unfinished.append(key)
             continue
         runs.setdefault(variant, {})[int(seed)] = c
     if args.baseline is not None and args.baseline not in runs:
-        print(f"--baseline {args.baseline!r}: no finished runs of that variant at iteration {args.horizon} "
+        print(f"--baseline {args.baseline!r}: no finished runs of that variant at {args.unit} {args.horizon} "
               f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
         return 2
     baseline = args.baseline or "row+native"
     png = Path(args.out).with_suffix(".png")
-    plot(runs, png, args.horizon)
+    unit = UNITS[args.unit]
+    plot(runs, png, args.horizon, unit)
     lines = [
         f"# {preset} across seeds: held-out success gains",
         "",
         f"Commands: {command} then `.venv/bin/python benchmarks/learning_long.py {root} "
         f"--preset {preset}{'' if args.horizon == 60 else f' --horizon {args.horizon}'}"
+        f"{'' if args.unit == 'iteration' else f' --unit {args.unit}'}"
         f"{'' if per_run else f' --target {args.target}'}"
         f"{'' if args.baseline is None else f' --baseline {args.baseline!r}'}"
         f"{' --command TEXT' if args.command else ''} --out {args.out}`.",
-        f"Held-out success on 128 tasks at iterations 0 (the warm start) to {args.horizon}; gain = iteration "
-        f"{args.horizon} − iteration 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}",
+        f"Held-out success on 128 tasks at {unit}s 0 (the warm start) to {args.horizon}; gain = {unit} "
+        f"{args.horizon} − {unit} 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}",
         "",
     ]
     if len(runs) >= 2:
         lines += summary(runs, args.horizon, baseline)
         forest_png = png.with_name(f"{png.stem}-gains.png")
-        forest(runs, forest_png, args.horizon, baseline, TARGET_GAIN[args.target])
+        forest(runs, forest_png, args.horizon, baseline, TARGET_GAIN[args.target], unit)
         lines += [f"![gains per variant]({forest_png.name})", ""]
     for variant, seeds in runs.items():
         target_cell = ("| target ", "---|") if per_run else ("", "")
@@ -166,7 +197,7 @@ def main(argv: list[str]) -> int:
             else:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
-    lines += paired(runs, args.horizon, baseline)
+    lines += paired(runs, args.horizon, baseline, unit)
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
     lines += [f"![learning curves]({png.name})", ""]
@@ -185,7 +216,7 @@ def seed_gains(seeds: dict[int, dict], metric: str, horizon: int, only: list[int
     return [gain(seeds[k], metric, horizon) for k in (sorted(seeds) if only is None else only)]
 
 
-def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
+def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str, unit: str = "iteration") -> list[str]:
     """Each variant − ``baseline``, gain against gain and success against success at the horizon, over
     the seeds both finished (the success difference is what a user of either gets; with the same warm
     starts it equals the gain difference)."""
@@ -198,7 +229,7 @@ def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> lis
         lines += [f"## {variant} − {baseline}, paired by seed ({len(seeds)} seeds)", ""]
         for m, label in METRICS.items():
             for what, e in (("gain", paired_diff(seed_gains(a, m, horizon, seeds), seed_gains(b, m, horizon, seeds))),
-                            (f"success at iteration {horizon}",
+                            (f"success at {unit} {horizon}",
                              paired_diff([a[k][m][horizon] for k in seeds], [b[k][m][horizon] for k in seeds]))):
                 lines.append(f"- {label} {what}: {e.mean:+.3f} ± {e.half_width:.3f} "
                              f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
@@ -238,7 +269,8 @@ def _cell(e: Estimate) -> str:
     return f"{e.mean:+.3f} (one seed)" if e.n < 2 else f"{e.mean:+.3f} ± {e.half_width:.3f}"
 
 
-def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline: str, target: float) -> None:
+def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline: str, target: float,
+           unit: str = "iteration") -> None:
     """Each variant's mean gain with its 95% CI, one row per variant in the summary's order (the baseline
     on top, its CI as a grey band), greedy and sampled side by side, with 0 and the target's gain marked;
     a filled marker is a CI that excludes 0."""
@@ -260,7 +292,7 @@ def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline:
                         mfc=color if e.significant else "white")
         ax.axvline(0.0, color="0.5", lw=0.8)
         ax.axvline(target, color="tab:red", lw=1, ls="--", label=f"target {target:+.2f}")
-        ax.set_title(f"{label} gain, iteration {horizon} − 0", fontsize=10)
+        ax.set_title(f"{label} gain, {unit} {horizon} − 0", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(y, [f"{v} (n={len(runs[v])})" for v in names], fontsize=8)
     axes[0].set_ylim(-0.7, len(names) - 0.3)
@@ -270,7 +302,7 @@ def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline:
     plt.close(fig)
 
 
-def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:
+def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int, unit: str = "iteration") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -290,7 +322,7 @@ def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int) -> None:
                 mean = [sum(c[m][i] for c in seeds.values()) / len(seeds) for i in its]
                 ax.plot(its, mean, color=color, lw=2.5, marker="o", label=f"{variant} (mean of {len(seeds)})")
         ax.set_title(f"held-out {label} success")
-        ax.set_xlabel("RL iteration")
+        ax.set_xlabel("RL iteration" if unit == "iteration" else f"{unit}s")
         ax.set_xlim(0, horizon)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("success (128 tasks)")

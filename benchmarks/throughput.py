@@ -29,11 +29,14 @@ from oma.train.loop import Batch, advantages, env_factory, episode_scores, per_t
 from oma.train.warmstart import build_policy
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def setup(description: str, repeats: int):
+    """``(args, cfg, make_env, model, tokenizer)`` of a by-hand benchmark run as ``SCRIPT [config] [overrides]
+    [--repeats N] [--out FILE]``: the config loaded, torch's threads set to its ``threads``, and the
+    warm-started policy built as `oma train` builds it (cached)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("config", nargs="?")
     parser.add_argument("overrides", nargs="*")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
@@ -41,6 +44,11 @@ def main() -> None:
     make_env = env_factory(cfg)
     with Progress(console=Console()) as progress:
         model, tok, _ = build_policy(cfg, make_env, progress)
+    return args, cfg, make_env, model, tok
+
+
+def main() -> None:
+    args, cfg, make_env, model, tok = setup(__doc__.splitlines()[0], repeats=3)
     pad = tok.pad_token_id
 
     t0 = time.perf_counter()
@@ -71,7 +79,7 @@ def main() -> None:
             v.algo.accounting, v.algo.mass = switches["accounting"], switches["mass"]
             model.load_state_dict(start_model)
             optimizer = torch.optim.AdamW(model.parameters(), lr=v.optim.lr)
-            batch = Batch(rows, mask, advantages(v, rows), logp_old, None)
+            batch = Batch(rows, mask, advantages(v, rows, episode_scores(v, rows)), logp_old, None)
             t0 = time.perf_counter()
             update(model, optimizer, batch, v, pad, 1)
             times[name].append(time.perf_counter() - t0)

@@ -104,6 +104,37 @@ def test_every_variant_is_paired_against_the_baseline_in_gain_and_in_final_succe
     assert "- sampled gain: +0.000 ±" in text
 
 
+def test_runs_with_other_episodes_per_iteration_are_compared_on_the_same_data(tmp_path: Path) -> None:
+    # "big" rolls out 2 tasks x 4 = 8 episodes per iteration, "small" 1 task x 4 = 4: with --unit episode,
+    # big's iteration 1 and small's iteration 2 are both episode 8. _run evaluates at iterations 0 and 2, so
+    # only small reaches episode 8 there; big's evaluation at iteration 1 is written by hand.
+    _run(tmp_path / "runs" / "small" / "seed-0", (0.2, 0.5), (0.3, 0.4))
+    big = tmp_path / "runs" / "big" / "seed-0"
+    big.mkdir(parents=True)
+    rows = [{"iteration": 0, "eval_success": 0.2, "eval_sampled_success": 0.3},
+            {"iteration": 1, "eval_success": 0.3, "eval_sampled_success": 0.2}]
+    (big / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    for d, tasks in ((tmp_path / "runs" / "small" / "seed-0", 1), (big, 2)):
+        (d / "config.json").write_text(json.dumps({"env": {"tasks_per_iter": tasks, "group_size": 4}}))
+    out = tmp_path / "report.md"
+    args = [str(tmp_path / "runs"), "--horizon", "8", "--unit", "episode", "--target", "default", "--out", str(out)]
+    assert _module().main(args) == 0
+    text = out.read_text()
+    assert "--horizon 8 --unit episode --target default --out" in text
+    assert "training episodes 0 (the warm start) to 8; gain = training episode 8 − training episode 0" in text
+    assert "| 0 | 0.200 | 0.500 | +0.300 | 0.300 | 0.400 | +0.100 |" in text  # small at its iteration 2
+    assert "| 0 | 0.200 | 0.300 | +0.100 | 0.300 | 0.200 | -0.100 |" in text  # big at its iteration 1
+    # by iteration, at horizon 2, big (evaluated at iterations 0 and 1 only) is left out
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--out", str(tmp_path / "it.md")]) == 0
+    assert "left out: big/seed-0" in (tmp_path / "it.md").read_text()
+
+
+def test_episodes_need_the_runs_config(tmp_path: Path) -> None:
+    _run(tmp_path / "runs" / "a" / "seed-0", (0.2, 0.5), (0.3, 0.4))
+    with pytest.raises(SystemExit, match="no config.json"):
+        _module().main([str(tmp_path / "runs"), "--horizon", "8", "--unit", "episode", "--out", str(tmp_path / "r.md")])
+
+
 def test_a_named_baseline_without_runs_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _run(tmp_path / "runs" / "a" / "seed-0", (0.5, 0.5), (0.3, 0.3))
     _run(tmp_path / "runs" / "a" / "seed-1", (0.6, 0.8), (0.3, 0.3))
@@ -183,6 +214,10 @@ DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"
     ("learning-default-oracle", "2026-12-04-oracle", [*DEFAULT_JOB, "--baseline", "the default job"]),
     ("learning-default-150", "2026-12-04-150-iterations",
      ["--preset", "configs/household-gigpo-oma-long.yaml", "--horizon", "150"]),
+    ("learning-default-batch", "2026-12-04-batch",
+     [*DEFAULT_JOB[:2], "--horizon", "960", "--unit", "episode", "--baseline", "the default job"]),
+    ("learning-default-hidden-64", "2026-12-04-hidden-64",
+     [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "the default job's recipe"]),
 ])
 def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,
                                                           extra: list[str]) -> None:
