@@ -10,7 +10,8 @@ prompt tokens) and the decoding steps, in the update the forward passes (the res
 backward pass and the loss). Then, at the update's own micro-batch shape (64 rows × the mean padded
 length), it times the model's forward + backward pass alone: eager, under ``torch.compile``, and for
 smaller policies and shorter prompts (fresh models of the same family, so only the shape differs), and
-counts its FLOPs against this CPU's fp32 matmul peak. Every ratio is measured in this one run, repeats
+counts its FLOPs against this CPU's fp32 matmul peak; and the forward pass alone without gradients (what a
+prefill does), eager and compiled. Every ratio is measured in this one run, repeats
 alternating, median of each.
 """
 
@@ -57,9 +58,10 @@ class ForwardTimer:
         self.model.forward = self.inner
 
 
-def step_time(model, batch_rows: int, length: int, repeats: int) -> float:
+def step_time(model, batch_rows: int, length: int, repeats: int, backward: bool = True) -> float:
     """Median seconds of one forward + backward pass over [batch_rows, length] tokens (a quarter of the rows
-    left-padded by up to a tenth of the length, as length-sorted micro-batches are), logits for the last 8."""
+    left-padded by up to a tenth of the length, as length-sorted micro-batches are), logits for the last 8;
+    without ``backward``, a forward pass without gradients and logits for the last position (a prefill)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, model.config.vocab_size, (batch_rows, length), generator=g)
     mask = torch.ones(batch_rows, length, dtype=torch.long)
@@ -69,6 +71,10 @@ def step_time(model, batch_rows: int, length: int, repeats: int) -> float:
 
     def once() -> float:
         t0 = time.perf_counter()
+        if not backward:
+            with torch.no_grad():
+                model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1)
+            return time.perf_counter() - t0
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=8).logits
         logits.logsumexp(-1).sum().backward()
         model.zero_grad(set_to_none=True)
@@ -125,6 +131,7 @@ def main() -> None:
     t0 = time.perf_counter()
     compiled = torch.compile(eager, dynamic=False)
     step_time(compiled, rows_mb, length, 1)
+    step_time(compiled, rows_mb, length, 1, backward=False)
     t_compile = time.perf_counter() - t0
     shapes = [("the default policy (eager)", p.hidden, 3 * p.hidden, length),
               ("MLP 1× hidden instead of 3×", p.hidden, p.hidden, length),
@@ -139,6 +146,8 @@ def main() -> None:
     times: dict[str, list[float]] = defaultdict(list)
     for _ in range(3):  # alternate, so a slow spell of the shared machine falls on every variant
         times["compiled"].append(step_time(compiled, rows_mb, length, args.repeats))
+        times["forward"].append(step_time(eager, rows_mb, length, args.repeats, backward=False))
+        times["compiled forward"].append(step_time(compiled, rows_mb, length, args.repeats, backward=False))
         for name, h, i, L in shapes:
             times[name].append(step_time(models[(h, i)], rows_mb, L, args.repeats))
     t_eager = statistics.median(times[shapes[0][0]])
@@ -185,9 +194,12 @@ def main() -> None:
         f"| `torch.compile` (inductor; compiling took {t_compile:.0f} s for this one shape) | "
         f"{statistics.median(times['compiled']) * 1e3:.0f} | {t_eager / statistics.median(times['compiled']):.2f}× |",
     ]
+    t_fwd, t_cfwd = statistics.median(times["forward"]), statistics.median(times["compiled forward"])
     for name, _, _, _ in shapes:
         t = statistics.median(times[name])
         lines.append(f"| {name} | {t * 1e3:.0f} | {t_eager / t:.2f}× |")
+    lines += ["", f"The forward pass alone, without gradients (a prefill of the same {rows_mb} rows): eager "
+              f"{t_fwd * 1e3:.0f} ms, `torch.compile` {t_cfwd * 1e3:.0f} ms, **{t_fwd / t_cfwd:.2f}×**."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
