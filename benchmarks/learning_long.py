@@ -30,6 +30,16 @@ each run's config.json (benchmarks/learning-default-batch.md):
         --horizon 960 --unit episode --target default --baseline 'the default job' --command TEXT \
         --out benchmarks/learning-default-batch.md
 
+Jobs of different lengths are compared as each one's user gets them with ``--baseline-horizon``: the
+baseline's runs are read at their own end (benchmarks/learning-default-terse-45.md, a 45-iteration job
+against the 15-iteration default job on the same seeds):
+
+    oma train configs/household-gigpo-oma-terse.yaml eval_every=15 seed=K threads=1 \
+        out_dir=runs/terse-45/'terse, 45 iterations'/seed-K                            # K = 5..9
+    .venv/bin/python benchmarks/learning_long.py runs/terse-45 --preset configs/household-gigpo-oma-terse.yaml \
+        --horizon 45 --target default --baseline 'the default job' --baseline-horizon 15 --command TEXT \
+        --out benchmarks/learning-default-terse-45.md
+
 A folder with compare.json is read as that comparison's runs; any other folder as
 DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
@@ -83,6 +93,18 @@ UNITS = {"iteration": "iteration", "episode": "training episode"}
 of episodes per iteration are compared on the same data."""
 
 
+class Horizons(dict):
+    """Where each variant's gain is read: ``horizon`` for every variant, ``baseline_horizon`` (when given)
+    for ``baseline``; ``Horizons(15)[v] == 15`` for any ``v``."""
+
+    def __init__(self, horizon: int, baseline: str | None = None, baseline_horizon: int | None = None) -> None:
+        super().__init__({} if baseline_horizon is None else {baseline: baseline_horizon})
+        self.horizon = horizon
+
+    def __missing__(self, variant: str) -> int:
+        return self.horizon
+
+
 def episodes_per_iteration(run_dir: Path) -> int:
     """Training episodes of one RL iteration of the run: ``env.tasks_per_iter`` × ``env.group_size`` of its config.json."""
     path = run_dir / "config.json"
@@ -121,6 +143,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--baseline",
                    help="the variant every other one is paired against, by seed (gain and success at the horizon); "
                         "default: row+native where it has runs; must name a variant with finished runs")
+    p.add_argument("--baseline-horizon", type=int,
+                   help="read the baseline's runs here instead of at --horizon: jobs of different lengths compared as "
+                        "each one's user gets it (e.g. a 45-iteration job against the 15-iteration default job)")
     p.add_argument("--command", help="how the runs were trained, named in the report (default: a generic oma train line)")
     args = p.parse_args(argv)
     per_run = args.target == "long"
@@ -144,7 +169,8 @@ def main(argv: list[str]) -> int:
         variant, seed = key.split("/seed-")
         metrics = root / key / "metrics.jsonl"
         c = curves(root / key, args.unit) if metrics.is_file() else None
-        if c is None or args.horizon not in c["eval_success"]:
+        at = args.baseline_horizon if args.baseline_horizon is not None and variant == args.baseline else args.horizon
+        if c is None or at not in c["eval_success"]:
             unfinished.append(key)
             continue
         runs.setdefault(variant, {})[int(seed)] = c
@@ -153,6 +179,10 @@ def main(argv: list[str]) -> int:
               f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
         return 2
     baseline = args.baseline or "row+native"
+    if args.baseline_horizon is not None and args.baseline is None:
+        print("--baseline-horizon needs --baseline", file=sys.stderr)
+        return 2
+    horizons = Horizons(args.horizon, baseline, args.baseline_horizon)
     png = Path(args.out).with_suffix(".png")
     unit = UNITS[args.unit]
     plot(runs, png, args.horizon, unit)
@@ -164,15 +194,19 @@ def main(argv: list[str]) -> int:
         f"{'' if args.unit == 'iteration' else f' --unit {args.unit}'}"
         f"{'' if per_run else f' --target {args.target}'}"
         f"{'' if args.baseline is None else f' --baseline {args.baseline!r}'}"
+        f"{'' if args.baseline_horizon is None else f' --baseline-horizon {args.baseline_horizon}'}"
         f"{' --command TEXT' if args.command else ''} --out {args.out}`.",
         f"Held-out success on 128 tasks at {unit}s 0 (the warm start) to {args.horizon}; gain = {unit} "
-        f"{args.horizon} − {unit} 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}",
+        f"{args.horizon} − {unit} 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}"
+        + ("" if args.baseline_horizon is None else
+           f" {baseline} is read at {unit} {args.baseline_horizon}, the end of its job: its gain is {unit} "
+           f"{args.baseline_horizon} − {unit} 0."),
         "",
     ]
     if len(runs) >= 2:
-        lines += summary(runs, args.horizon, baseline)
+        lines += summary(runs, horizons, baseline)
         forest_png = png.with_name(f"{png.stem}-gains.png")
-        forest(runs, forest_png, args.horizon, baseline, TARGET_GAIN[args.target], unit)
+        forest(runs, forest_png, horizons, baseline, TARGET_GAIN[args.target], unit)
         lines += [f"![gains per variant]({forest_png.name})", ""]
     for variant, seeds in runs.items():
         target_cell = ("| target ", "---|") if per_run else ("", "")
@@ -181,14 +215,14 @@ def main(argv: list[str]) -> int:
         for seed, c in sorted(seeds.items()):
             cells = []
             for m in METRICS:
-                start, end = c[m][0], c[m][args.horizon]
+                start, end = c[m][0], c[m][horizons[variant]]
                 cells += [f"{start:.3f}", f"{end:.3f}", f"{end - start:+.3f}"]
                 if m == "eval_success" and per_run:
                     cells.append("met" if meets_target(start, end) else "not met")
             lines.append(f"| {seed} | " + " | ".join(cells) + " |")
         lines.append("")
         for m, label in METRICS.items():
-            gains = seed_gains(seeds, m, args.horizon)
+            gains = seed_gains(seeds, m, horizons[variant])
             if len(gains) >= 2:
                 e = mean_ci(gains)
                 verdict = "" if per_run else f"; target {'met' if meets_mean_target(e) else 'not met'}"
@@ -197,7 +231,7 @@ def main(argv: list[str]) -> int:
             else:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
-    lines += paired(runs, args.horizon, baseline, unit)
+    lines += paired(runs, horizons, baseline, unit)
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
     lines += [f"![learning curves]({png.name})", ""]
@@ -216,8 +250,8 @@ def seed_gains(seeds: dict[int, dict], metric: str, horizon: int, only: list[int
     return [gain(seeds[k], metric, horizon) for k in (sorted(seeds) if only is None else only)]
 
 
-def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str, unit: str = "iteration") -> list[str]:
-    """Each variant − ``baseline``, gain against gain and success against success at the horizon, over
+def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, unit: str = "iteration") -> list[str]:
+    """Each variant − ``baseline``, gain against gain and success against success, each at its horizon, over
     the seeds both finished (the success difference is what a user of either gets; with the same warm
     starts it equals the gain difference)."""
     b = runs.get(baseline, {})
@@ -227,17 +261,18 @@ def paired(runs: dict[str, dict[int, dict]], horizon: int, baseline: str, unit: 
         if variant == baseline or len(seeds) < 2:
             continue
         lines += [f"## {variant} − {baseline}, paired by seed ({len(seeds)} seeds)", ""]
+        ha, hb = horizons[variant], horizons[baseline]
+        at = f"{unit} {ha}" if ha == hb else f"{unit} {ha} against {hb}"
         for m, label in METRICS.items():
-            for what, e in (("gain", paired_diff(seed_gains(a, m, horizon, seeds), seed_gains(b, m, horizon, seeds))),
-                            (f"success at {unit} {horizon}",
-                             paired_diff([a[k][m][horizon] for k in seeds], [b[k][m][horizon] for k in seeds]))):
+            for what, e in (("gain", paired_diff(seed_gains(a, m, ha, seeds), seed_gains(b, m, hb, seeds))),
+                            (f"success at {at}", paired_diff([a[k][m][ha] for k in seeds], [b[k][m][hb] for k in seeds]))):
                 lines.append(f"- {label} {what}: {e.mean:+.3f} ± {e.half_width:.3f} "
                              f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
         lines.append("")
     return lines
 
 
-def summary(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
+def summary(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str) -> list[str]:
     """One table row per variant, the baseline first, then by greedy gain: its seeds, its gains, and (where
     ``baseline`` has runs) the gain differences paired by seed with it (:func:`paired_diff`) over the seeds
     both finished, blank for the baseline and where fewer than 2 seeds are shared. A paired CI's
@@ -247,21 +282,22 @@ def summary(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> li
     if b is not None:
         head += [f"{label} gain − {baseline}'s, paired" for label in METRICS.values()]
     lines = ["## Summary", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    for variant in _ranked(runs, horizon, baseline):
+    for variant in _ranked(runs, horizons, baseline):
         a = runs[variant]
-        cells = [_cell(mean_ci(seed_gains(a, m, horizon))) for m in METRICS]
+        cells = [_cell(mean_ci(seed_gains(a, m, horizons[variant]))) for m in METRICS]
         if b is not None:
             shared = sorted(set(a) & set(b)) if variant != baseline else []
-            cells += [_cell(paired_diff(seed_gains(a, m, horizon, shared), seed_gains(b, m, horizon, shared)))
+            cells += [_cell(paired_diff(seed_gains(a, m, horizons[variant], shared),
+                                        seed_gains(b, m, horizons[baseline], shared)))
                       if len(shared) >= 2 else "" for m in METRICS]
         lines.append(f"| {variant} | {', '.join(map(str, sorted(a)))} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
-def _ranked(runs: dict[str, dict[int, dict]], horizon: int, baseline: str) -> list[str]:
+def _ranked(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str) -> list[str]:
     """The baseline, then the other variants by mean greedy gain, the largest first."""
     def key(v: str) -> tuple[bool, float]:
-        return v != baseline, -mean_ci(seed_gains(runs[v], "eval_success", horizon)).mean
+        return v != baseline, -mean_ci(seed_gains(runs[v], "eval_success", horizons[v])).mean
     return sorted(runs, key=key)
 
 
@@ -269,7 +305,7 @@ def _cell(e: Estimate) -> str:
     return f"{e.mean:+.3f} (one seed)" if e.n < 2 else f"{e.mean:+.3f} ± {e.half_width:.3f}"
 
 
-def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline: str, target: float,
+def forest(runs: dict[str, dict[int, dict]], path: Path, horizons: Horizons, baseline: str, target: float,
            unit: str = "iteration") -> None:
     """Each variant's mean gain with its 95% CI, one row per variant in the summary's order (the baseline
     on top, its CI as a grey band), greedy and sampled side by side, with 0 and the target's gain marked;
@@ -279,12 +315,12 @@ def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = _ranked(runs, horizon, baseline)
+    names = _ranked(runs, horizons, baseline)
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 1.2 + 0.32 * len(names)), sharey=True)
     y = list(range(len(names)))[::-1]
     for ax, (m, label) in zip(axes, METRICS.items()):
         for yi, variant in zip(y, names):
-            e = mean_ci(seed_gains(runs[variant], m, horizon))
+            e = mean_ci(seed_gains(runs[variant], m, horizons[variant]))
             color = "black" if variant == baseline else "tab:blue"
             if variant == baseline and e.n > 1:
                 ax.axvspan(e.lo, e.hi, color="0.85", zorder=0)
@@ -292,9 +328,10 @@ def forest(runs: dict[str, dict[int, dict]], path: Path, horizon: int, baseline:
                         mfc=color if e.significant else "white")
         ax.axvline(0.0, color="0.5", lw=0.8)
         ax.axvline(target, color="tab:red", lw=1, ls="--", label=f"target {target:+.2f}")
-        ax.set_title(f"{label} gain, {unit} {horizon} − 0", fontsize=10)
+        ax.set_title(f"{label} gain, {unit} {horizons.horizon} − 0", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(y, [f"{v} (n={len(runs[v])})" for v in names], fontsize=8)
+    axes[0].set_yticks(y, [f"{v} (n={len(runs[v])}{'' if horizons[v] == horizons.horizon else f', {unit} {horizons[v]}'})"
+                           for v in names], fontsize=8)
     axes[0].set_ylim(-0.7, len(names) - 0.3)
     axes[1].legend(fontsize=8, loc="lower right")
     fig.tight_layout()

@@ -186,11 +186,39 @@ def test_the_summary_puts_the_baseline_first_then_ranks_by_greedy_gain(tmp_path:
     assert (tmp_path / "report-gains.png").is_file() and "![gains per variant](report-gains.png)" in out.read_text()
 
 
+def _curve_run(d: Path, greedy: dict[int, float]) -> None:
+    d.mkdir(parents=True)
+    rows = [{"iteration": i, "eval_success": g, "eval_sampled_success": 0.3} for i, g in greedy.items()]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_the_baseline_read_at_its_own_horizon(tmp_path: Path) -> None:
+    # long: evaluated at 0, 1, 3; greedy gains at 3: +0.3 (seed 0), +0.2 (seed 1). short: evaluated at 0 and 1
+    # only, gains at 1: +0.1, +0.0. Paired at 3 against 1: +0.2, +0.2 -> +0.200 ± 0.000.
+    _curve_run(tmp_path / "runs" / "long" / "seed-0", {0: 0.2, 1: 0.3, 3: 0.5})
+    _curve_run(tmp_path / "runs" / "long" / "seed-1", {0: 0.4, 1: 0.4, 3: 0.6})
+    _curve_run(tmp_path / "runs" / "short" / "seed-0", {0: 0.2, 1: 0.3})
+    _curve_run(tmp_path / "runs" / "short" / "seed-1", {0: 0.4, 1: 0.4})
+    out = tmp_path / "r.md"
+    base = [str(tmp_path / "runs"), "--horizon", "3", "--target", "default", "--baseline", "short", "--out", str(out)]
+    assert _module().main(base) == 2  # at 3 the short job has no finished runs
+    assert _module().main([*base, "--baseline-horizon", "1"]) == 0
+    text = out.read_text()
+    table = text.split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+    assert table[2] == "| short | 0, 1 | +0.050 ± 0.635 | +0.000 ± 0.000 |  |  |"
+    assert table[3] == "| long | 0, 1 | +0.250 ± 0.635 | +0.000 ± 0.000 | +0.200 ± 0.000 | +0.000 ± 0.000 |"
+    assert "- greedy gain: +0.200 ± 0.000" in text and "- greedy success at iteration 3 against 1: +0.200 ± 0.000" in text
+    assert "| 0 | 0.200 | 0.300 | +0.100 |" in text.split("## short")[1]  # the short job's table ends at 1
+    assert "--baseline 'short' --baseline-horizon 1" in text and "short is read at iteration 1" in text
+    # without a baseline there is nothing to read elsewhere
+    assert _module().main([str(tmp_path / "runs"), "--baseline-horizon", "1", "--out", str(out)]) == 2
+
+
 def test_the_summary_without_the_baseline_has_no_paired_columns(tmp_path: Path) -> None:
     m = _module()
     runs = {v: {k: {"eval_success": {0: 0.1, 2: 0.1 + g}, "eval_sampled_success": {0: 0.1, 2: 0.1}}
                 for k, g in enumerate(gains)} for v, gains in (("x", (0.1, 0.3)), ("y", (0.2, 0.4)))}
-    lines = m.summary(runs, 2, "row+native")
+    lines = m.summary(runs, m.Horizons(2), "row+native")
     assert lines[2] == "| variant | seeds | greedy gain | sampled gain |"
     assert [line.split(" | ")[0] for line in lines[4:6]] == ["| y", "| x"]  # mean +0.30 before +0.20
 
@@ -201,7 +229,7 @@ def test_the_forest_grows_a_row_per_variant(tmp_path: Path) -> None:
     m = _module()
     runs = {f"variant {k}": {s: {"eval_success": {0: 0.1, 2: 0.1 + 0.05 * s}, "eval_sampled_success": {0: 0.1, 2: 0.2}}
                              for s in range(3)} for k in range(5)}
-    m.forest(runs, tmp_path / "five.png", 2, "variant 0", 0.10)
+    m.forest(runs, tmp_path / "five.png", m.Horizons(2), "variant 0", 0.10)
     five = matplotlib.image.imread(tmp_path / "five.png")
     assert five.shape[0] == round(120 * (1.2 + 0.32 * 5))
 
@@ -218,6 +246,11 @@ DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"
      [*DEFAULT_JOB[:2], "--horizon", "960", "--unit", "episode", "--baseline", "the default job"]),
     ("learning-default-hidden-64", "2026-12-04-hidden-64",
      [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "the default job's recipe"]),
+    ("learning-default-terse", "2026-12-04-terse",
+     [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "the default job's recipe"]),
+    ("learning-default-terse-45", "2026-12-04-terse-45",
+     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "45", "--baseline", "the default job",
+      "--baseline-horizon", "15"]),
 ])
 def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,
                                                           extra: list[str]) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import collections
+import random
 import re
 
 import pytest
 
 from oma.envs import coupling, make
-from oma.envs.household import GOAL_KINDS
+from oma.envs.household import GOAL_KINDS, ROOMS
 from test_envs import expert_run
 
 
@@ -204,3 +205,64 @@ def test_the_hint_is_true_and_shortens_the_expert(seed: int) -> None:
         plain.step(plain.expert_action())
         plain_steps += 1
     assert steps <= plain_steps + 1
+
+
+def test_terse_text_by_hand() -> None:
+    """Seed 3 of the quickstart's home, worded ``terse``: each message written out."""
+    env = make("household", size="small", goals="place", distractors="few", notes=True, hint=True, text="terse")
+    observation, info = env.reset(seed=3)
+    # The home: kitchen (cabinet 1-3, countertop 1, drawer 1-3, fridge 1, microwave 1, sinkbasin 1),
+    # bathroom (the start), livingroom (cabinet 5, sidetable 1, sofa 1); lettuce 1 in microwave 1.
+    assert info["task"] == "put a lettuce on sofa. Hint: lettuce 1 in/on microwave 1 in kitchen."
+    notes = "Carrying nothing; searched microwave 1; saw lettuce 1 in/on microwave 1."
+    assert observation == ("In bathroom: cabinet 4, countertop 2, drawer 4, sinkbasin 2, toilet 1. "
+                           f"Exits: kitchen, livingroom.\n{notes}")
+    assert env.step("inventory")[0] == f"Carrying nothing.\n{notes}"
+    assert env.step("go to livingroom")[0] == (
+        f"Entered livingroom: cabinet 5, sidetable 1, sofa 1. Exits: bathroom.\n{notes}")
+    assert env.step("go to sofa 1")[0] == (
+        "At sofa 1. On it: nothing.\nCarrying nothing; searched microwave 1, sofa 1; saw lettuce 1 in/on microwave 1.")
+    assert env.step("look")[0].startswith("At sofa 1 in livingroom. On it: nothing.\n")
+    env.step("go to bathroom")
+    env.step("go to kitchen")
+    assert env.step("go to microwave 1")[0].startswith("At microwave 1. Closed.\n")
+    assert env.step("open microwave 1")[0].startswith("Opened microwave 1. In it: lettuce 1.\n")
+    assert env.step("take lettuce 1 from microwave 1")[0] == (
+        "Took lettuce 1 from microwave 1.\nCarrying lettuce 1; searched microwave 1, sofa 1.")
+    assert env.step("close microwave 1")[0].startswith("Closed microwave 1.\n")
+    assert env.step("inventory")[0].startswith("Carrying lettuce 1.\n")
+
+
+def test_terse_text_says_the_same_facts_in_fewer_words() -> None:
+    """Under ``text=terse`` every step has the same actions, rewards, expert and state as under
+    ``alfworld``, names the same things (objects, receptacles, rooms) and is shorter."""
+    rng = random.Random(0)
+    names = re.compile(r"[a-z]+ \d+|" + "|".join(room.name for room in ROOMS))
+    for seed in range(30):
+        options = {"goals": GOAL_KINDS, "notes": seed % 2 == 0, "hint": seed % 3 == 0}
+        worded, terse = make("household", **options), make("household", text="terse", **options)
+        a, info_a = worded.reset(seed)
+        b, info_b = terse.reset(seed)
+        first = True
+        while True:
+            assert info_a["admissible_actions"] == info_b["admissible_actions"]
+            assert worded.expert_action() == terse.expert_action()
+            assert worded._state_key() == terse._state_key()
+            assert info_a["task"].split(" Hint:")[0] == info_b["task"].split(" Hint:")[0]
+            if first:  # ALFWorld's first observation also says the task: the prompt's Task line
+                a = a.split("\nYour task is to: ")[0] + a.split(info_a["task"])[1]
+            assert set(names.findall(a)) == set(names.findall(b)), (a, b)
+            assert len(b) < len(a), (a, b)
+            first = False
+            admissible = info_a["admissible_actions"]
+            action = rng.choice(admissible) if rng.random() < 0.3 else worded.expert_action()
+            a, ra, ta, ua, info_a = worded.step(action)
+            b, rb, tb, ub, info_b = terse.step(action)
+            assert (ra, ta, ua, info_a["won"]) == (rb, tb, ub, info_b["won"])
+            if ta or ua:
+                break
+
+
+def test_text_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="option 'text' must be one of 'alfworld', 'terse'; got 'short'"):
+        make("household", text="short")

@@ -424,6 +424,16 @@ def test_the_glam_preset_is_the_default_job_over_whole_actions():
     assert load_config(preset, back) == load_config(None)
 
 
+def test_the_terse_preset_is_the_default_job_with_terse_text_run_three_times_as_long():
+    preset = CONFIGS / "household-gigpo-oma-terse.yaml"
+    terse = load_config(preset)
+    assert (terse.env.options["text"], terse.iterations, terse.eval_every) == ("terse", 45, 45)
+    back = ["env.options.text=alfworld", "iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]
+    default = load_config(None)
+    assert load_config(preset, back) == load_config(None, ["env.options.text=alfworld"])  # nothing else differs
+    assert {**default.env.options, "text": "terse"} == terse.env.options
+
+
 def test_env_options_belong_to_one_environment():
     default = load_config(None).env.options
     assert default["hint"] is True and default["size"] == "small"

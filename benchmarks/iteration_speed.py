@@ -1,0 +1,119 @@
+"""RL iterations of several variants of a config, timed side by side: seconds, rows and prompt tokens.
+
+Run by hand (results committed as benchmarks/terse-speed.md):
+
+    .venv/bin/python benchmarks/iteration_speed.py --variant alfworld= --variant terse=env.options.text=terse \
+        --out benchmarks/terse-speed.md
+
+Each ``--variant NAME=OVERRIDE[,OVERRIDE...]`` is the config (the default job unless ``--config``) with
+those overrides; its warm-started policy is built as `oma train` builds it (cached). Then, for iterations
+1 to ``--repeats``, every variant rolls out that iteration's tasks and updates on the batch, the variants
+alternating and each restored to its warm start before every iteration, so a slow spell of the shared
+machine falls on all of them and the ratios are measured in one run. A variant whose policy fails more
+often has longer episodes, so the table gives the time per iteration (what a job's length follows) and
+per row (what the policy's passes cost) apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from oma.train.config import load_config
+from oma.train.loop import (Batch, advantages, env_factory, episode_scores, make_optimizer, per_token, policy_rollout,
+                            response_mask_of, task_seeds, update)
+from oma.train.warmstart import build_policy, cpu_info
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``"terse=env.options.text=terse,seed=1"`` -> ``("terse", ["env.options.text=terse", "seed=1"])``."""
+    name, sep, overrides = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--variant must be NAME=OVERRIDE[,OVERRIDE...] (overrides may be empty); got {text!r}")
+    return name, [o for o in overrides.split(",") if o]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--variant", action="append", required=True, type=parse_variant)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    variants = {}
+    with Progress(console=Console()) as progress:
+        for name, overrides in args.variant:
+            cfg = load_config(args.config, overrides)
+            torch.set_num_threads(cfg.threads)
+            make_env = env_factory(cfg)
+            model, tok, _ = build_policy(cfg, make_env, progress)
+            variants[name] = (cfg, make_env, model, tok, copy.deepcopy(model.state_dict()))
+
+        stats: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in variants}
+        task = progress.add_task("iterations", total=args.repeats * len(variants))
+        for iteration in range(1, args.repeats + 1):
+            for name, (cfg, make_env, model, tok, start) in variants.items():
+                model.load_state_dict(start)
+                t0 = time.perf_counter()
+                ro = policy_rollout(cfg, make_env, model, tok, task_seeds(cfg, iteration), group_size=cfg.env.group_size,
+                                    temperature=cfg.policy.temperature,
+                                    generator=torch.Generator().manual_seed(cfg.seed + iteration))
+                t_rollout = time.perf_counter() - t0
+                rows = ro.rows
+                mask = response_mask_of(rows)
+                batch = Batch(rows, mask, advantages(cfg, rows, episode_scores(cfg, rows)), per_token(rows.logp, mask.shape[1]),
+                              None)
+                t0 = time.perf_counter()
+                update(model, make_optimizer(cfg, list(model.parameters())), batch, cfg, tok.pad_token_id, iteration)
+                t_update = time.perf_counter() - t0
+                stats[name].append((t_rollout, t_update, len(rows), sum(len(p) for p in rows.prompt_ids)))
+                progress.advance(task)
+
+    base = next(iter(variants))
+    med = {name: {"rollout": statistics.median(s[0] for s in runs), "update": statistics.median(s[1] for s in runs),
+                  "iteration": statistics.median(s[0] + s[1] for s in runs),
+                  "row_ms": statistics.median(1e3 * (s[0] + s[1]) / s[2] for s in runs),
+                  "rows": statistics.mean(s[2] for s in runs), "tokens": statistics.mean(s[3] / s[2] for s in runs)}
+           for name, runs in stats.items()}
+    cfg0 = variants[base][0]
+    cpu = cpu_info()
+    command = " ".join([".venv/bin/python benchmarks/iteration_speed.py", *(["--config", args.config] if args.config else []),
+                        *(f"--variant {n}={','.join(o)}" for n, o in args.variant), f"--repeats {args.repeats}",
+                        *(["--out", args.out] if args.out else [])])
+    lines = [
+        "# Benchmark: RL iterations of config variants, side by side",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {cpu['cpu']} ({cpu['cpu_capability']}), torch {torch.__version__}, {cfg0.threads} threads "
+        "(shared, noisy: read the ratios, each measured in this one run).",
+        "",
+        f"Iterations 1–{args.repeats} of each variant ({cfg0.env.tasks_per_iter} tasks × {cfg0.env.group_size} episodes), "
+        "from its warm start every time, the variants alternating; medians over the iterations, rows and prompt "
+        "tokens are means.",
+        "",
+        "| variant | overrides | rows | prompt tokens per row | rollout s | update s | iteration s | ms per row "
+        f"| iterations per second vs {base} | rows per second vs {base} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {name} | {' '.join(f'`{o}`' for o in overrides) or '—'} | {m['rows']:.0f} | {m['tokens']:.1f} "
+          f"| {m['rollout']:.2f} | {m['update']:.2f} | {m['iteration']:.2f} | {m['row_ms']:.2f} "
+          f"| {med[base]['iteration'] / m['iteration']:.2f}× | {med[base]['row_ms'] / m['row_ms']:.2f}× |"
+          for (name, overrides), m in zip(args.variant, med.values())),
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
