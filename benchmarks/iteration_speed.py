@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from oma.train.config import load_config
-from oma.train.loop import (Batch, advantages, env_factory, episode_scores, make_optimizer, per_token, policy_rollout,
-                            response_mask_of, task_seeds, update)
-from oma.train.warmstart import build_policy, cpu_info
+from oma.train.loop import make_optimizer, policy_rollout, task_seeds, update
+from oma.train.warmstart import cpu_info
+from throughput import on_policy_batch, warm_policy
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -52,9 +52,7 @@ def main() -> None:
     with Progress(console=Console()) as progress:
         for name, overrides in args.variant:
             cfg = load_config(args.config, overrides)
-            torch.set_num_threads(cfg.threads)
-            make_env = env_factory(cfg)
-            model, tok, _ = build_policy(cfg, make_env, progress)
+            make_env, model, tok = warm_policy(cfg, progress)
             variants[name] = (cfg, make_env, model, tok, copy.deepcopy(model.state_dict()))
 
         stats: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in variants}
@@ -68,9 +66,7 @@ def main() -> None:
                                     generator=torch.Generator().manual_seed(cfg.seed + iteration))
                 t_rollout = time.perf_counter() - t0
                 rows = ro.rows
-                mask = response_mask_of(rows)
-                batch = Batch(rows, mask, advantages(cfg, rows, episode_scores(cfg, rows)), per_token(rows.logp, mask.shape[1]),
-                              None)
+                batch = on_policy_batch(cfg, rows)
                 t0 = time.perf_counter()
                 update(model, make_optimizer(cfg, list(model.parameters())), batch, cfg, tok.pad_token_id, iteration)
                 t_update = time.perf_counter() - t0

@@ -163,26 +163,25 @@ def main(argv: list[str]) -> int:
     if not keys:
         print(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)", file=sys.stderr)
         return 2
+    if args.baseline_horizon is not None and args.baseline is None:
+        print("--baseline-horizon needs --baseline", file=sys.stderr)
+        return 2
+    baseline = args.baseline or "row+native"
+    horizons = Horizons(args.horizon, baseline, args.baseline_horizon)
     runs: dict[str, dict[int, dict]] = {}
     unfinished = []
     for key in keys:
         variant, seed = key.split("/seed-")
         metrics = root / key / "metrics.jsonl"
         c = curves(root / key, args.unit) if metrics.is_file() else None
-        at = args.baseline_horizon if args.baseline_horizon is not None and variant == args.baseline else args.horizon
-        if c is None or at not in c["eval_success"]:
+        if c is None or horizons[variant] not in c["eval_success"]:
             unfinished.append(key)
             continue
         runs.setdefault(variant, {})[int(seed)] = c
     if args.baseline is not None and args.baseline not in runs:
-        print(f"--baseline {args.baseline!r}: no finished runs of that variant at {args.unit} {args.horizon} "
+        print(f"--baseline {args.baseline!r}: no finished runs of that variant at {args.unit} {horizons[args.baseline]} "
               f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
         return 2
-    baseline = args.baseline or "row+native"
-    if args.baseline_horizon is not None and args.baseline is None:
-        print("--baseline-horizon needs --baseline", file=sys.stderr)
-        return 2
-    horizons = Horizons(args.horizon, baseline, args.baseline_horizon)
     png = Path(args.out).with_suffix(".png")
     unit = UNITS[args.unit]
     plot(runs, png, args.horizon, unit)

@@ -29,10 +29,24 @@ from oma.train.loop import Batch, advantages, env_factory, episode_scores, per_t
 from oma.train.warmstart import build_policy
 
 
+def warm_policy(cfg, progress: Progress):
+    """``(make_env, model, tokenizer)`` of ``cfg`` with torch's threads set to its ``threads`` and the
+    warm-started policy built as `oma train` builds it (cached)."""
+    torch.set_num_threads(cfg.threads)
+    make_env = env_factory(cfg)
+    model, tok, _ = build_policy(cfg, make_env, progress)
+    return make_env, model, tok
+
+
+def on_policy_batch(cfg, rows) -> Batch:
+    """The update's batch of a rollout as `oma train` builds it: ``cfg``'s advantages, old log-probs as sampled, no reference."""
+    mask = response_mask_of(rows)
+    return Batch(rows, mask, advantages(cfg, rows, episode_scores(cfg, rows)), per_token(rows.logp, mask.shape[1]), None)
+
+
 def setup(description: str, repeats: int):
     """``(args, cfg, make_env, model, tokenizer)`` of a by-hand benchmark run as ``SCRIPT [config] [overrides]
-    [--repeats N] [--out FILE]``: the config loaded, torch's threads set to its ``threads``, and the
-    warm-started policy built as `oma train` builds it (cached)."""
+    [--repeats N] [--out FILE]``: the config loaded and :func:`warm_policy` built."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("config", nargs="?")
     parser.add_argument("overrides", nargs="*")
@@ -40,10 +54,8 @@ def setup(description: str, repeats: int):
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
-    torch.set_num_threads(cfg.threads)
-    make_env = env_factory(cfg)
     with Progress(console=Console()) as progress:
-        model, tok, _ = build_policy(cfg, make_env, progress)
+        make_env, model, tok = warm_policy(cfg, progress)
     return args, cfg, make_env, model, tok
 
 
@@ -64,8 +76,6 @@ def main() -> None:
     t0 = time.perf_counter()
     advantages(cfg, rows, episode_scores(cfg, rows))  # the oma.core part of the phase (old log-probs were recorded while sampling)
     t_adv = time.perf_counter() - t0
-    mask = response_mask_of(rows)
-    logp_old = per_token(rows.logp, mask.shape[1])
 
     start_model = copy.deepcopy(model.state_dict())
     variants = {
@@ -79,7 +89,7 @@ def main() -> None:
             v.algo.accounting, v.algo.mass = switches["accounting"], switches["mass"]
             model.load_state_dict(start_model)
             optimizer = torch.optim.AdamW(model.parameters(), lr=v.optim.lr)
-            batch = Batch(rows, mask, advantages(v, rows, episode_scores(v, rows)), logp_old, None)
+            batch = on_policy_batch(v, rows)
             t0 = time.perf_counter()
             update(model, optimizer, batch, v, pad, 1)
             times[name].append(time.perf_counter() - t0)

@@ -25,11 +25,10 @@ from pathlib import Path
 
 import torch
 from oma.agent.policy import tiny_model
-from oma.train.loop import (Batch, advantages, episode_scores, forward_plan, per_token, policy_rollout, response_mask_of,
-                            task_seeds, update)
+from oma.train.loop import forward_plan, policy_rollout, task_seeds, update
 from oma.train.warmstart import cpu_info
 from speedup import matmul_peak
-from throughput import setup
+from throughput import on_policy_batch, setup
 
 
 class ForwardTimer:
@@ -106,10 +105,11 @@ def main() -> None:
     t_rollout = time.perf_counter() - t0
     rollout_stats = {k: list(v) for k, v in timer.stats.items()}
     rows = ro.rows
-    mask = response_mask_of(rows)
-    adv = advantages(cfg, rows, episode_scores(cfg, rows))
-    batch = Batch(rows, mask, adv, per_token(rows.logp, mask.shape[1]), None)
-    plan = forward_plan(rows, (adv != 0).nonzero().squeeze(-1), cfg.optim.micro_batch_rows)
+    batch = on_policy_batch(cfg, rows)
+    plan = forward_plan(rows, (batch.adv != 0).nonzero().squeeze(-1), cfg.optim.micro_batch_rows)
+    if not plan:  # every group of iteration 1 has one outcome: the update computes nothing to time
+        raise SystemExit(f"iteration 1 of this config has no row with A != 0 ({len(rows)} rows); "
+                         "time a config whose groups' outcomes differ (more tasks or episodes)")
     start = copy.deepcopy(model.state_dict())
     t_update, update_fwd = [], []
     for _ in range(3):

@@ -471,8 +471,11 @@ class HouseholdEnv(DrawnEnv[Home]):
     def _draw(self, rng: random.Random) -> Home:
         return generate_home(rng, self.options)
 
+    @property
+    def _words(self) -> Wording:
+        return WORDINGS[self.options.text]
+
     def _start(self, home: Home) -> tuple[str, str]:
-        self._words = WORDINGS[self.options.text]
         self._home, self._goal = home, home.goal
         n_rooms, n_receps = len(home.rooms), len(home.recep_name)
         self._room_receps = [
