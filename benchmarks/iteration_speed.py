@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from oma.train.config import load_config
-from oma.train.loop import make_optimizer, policy_rollout, task_seeds, update
+from oma.train.loop import make_optimizer, training_rollout, update
 from oma.train.warmstart import cpu_info
 from throughput import on_policy_batch, warm_policy
 
@@ -61,9 +62,7 @@ def main() -> None:
             for name, (cfg, make_env, model, tok, start) in variants.items():
                 model.load_state_dict(start)
                 t0 = time.perf_counter()
-                ro = policy_rollout(cfg, make_env, model, tok, task_seeds(cfg, iteration), group_size=cfg.env.group_size,
-                                    temperature=cfg.policy.temperature,
-                                    generator=torch.Generator().manual_seed(cfg.seed + iteration))
+                ro = training_rollout(cfg, make_env, model, tok, iteration, torch.Generator().manual_seed(cfg.seed + iteration))
                 t_rollout = time.perf_counter() - t0
                 rows = ro.rows
                 batch = on_policy_batch(cfg, rows)
@@ -82,7 +81,7 @@ def main() -> None:
     cfg0 = variants[base][0]
     cpu = cpu_info()
     command = " ".join([".venv/bin/python benchmarks/iteration_speed.py", *(["--config", args.config] if args.config else []),
-                        *(f"--variant {n}={','.join(o)}" for n, o in args.variant), f"--repeats {args.repeats}",
+                        *(f"--variant {shlex.quote(n + '=' + ','.join(o))}" for n, o in args.variant), f"--repeats {args.repeats}",
                         *(["--out", args.out] if args.out else [])])
     lines = [
         "# Benchmark: RL iterations of config variants, side by side",

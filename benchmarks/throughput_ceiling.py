@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from oma.agent.policy import tiny_model
-from oma.train.loop import forward_plan, policy_rollout, task_seeds, update
+from oma.train.loop import forward_plan, training_rollout, update
 from oma.train.warmstart import cpu_info
 from speedup import matmul_peak
 from throughput import on_policy_batch, setup
@@ -100,8 +100,7 @@ def main() -> None:
     # ---- the iteration: rollout and update on its batch, every forward pass timed -------------------
     timer = ForwardTimer(model)
     t0 = time.perf_counter()
-    ro = policy_rollout(cfg, make_env, model, tok, task_seeds(cfg, 1), group_size=cfg.env.group_size,
-                        temperature=cfg.policy.temperature, generator=torch.Generator().manual_seed(cfg.seed))
+    ro = training_rollout(cfg, make_env, model, tok, 1, torch.Generator().manual_seed(cfg.seed))
     t_rollout = time.perf_counter() - t0
     rollout_stats = {k: list(v) for k, v in timer.stats.items()}
     rows = ro.rows

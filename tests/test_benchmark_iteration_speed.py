@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import benchmark_scripts
@@ -23,10 +24,16 @@ def test_a_tiny_run_reports_each_variant(tmp_path, monkeypatch) -> None:
                      f"warm_start.cache_dir={tmp_path / 'cache'}", "threads=1"])
     out = tmp_path / "speed.md"
     monkeypatch.setattr(sys, "argv", ["iteration_speed.py", "--variant", f"a={tiny}", "--variant", f"b={tiny}",
-                                      "--variant", f"terse={tiny},env.options.text=terse", "--repeats", "2", "--out", str(out)])
+                                      "--variant", f"terse={tiny},env.options.text=terse",
+                                      "--variant", f"a cap={tiny},env.train_max_steps=1", "--repeats", "2", "--out", str(out)])
     benchmark_scripts.load("iteration_speed").main()
-    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in out.read_text().splitlines()
-            if line.startswith("| a |") or line.startswith("| b |") or line.startswith("| terse |")}
-    assert set(rows) == {"a", "b", "terse"}
+    text = out.read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in text.splitlines()
+            if line.startswith(("| a |", "| b |", "| terse |", "| a cap |"))}
+    assert set(rows) == {"a", "b", "terse", "a cap"}
     assert rows["a"][2:4] == rows["b"][2:4]  # the same config rolls out the same rows and prompt tokens
     assert rows["a"][-2] == "1.00×" and float(rows["a"][3]) > float(rows["terse"][3])  # terse prompts are shorter
+    assert rows["a cap"][2] == "2"  # the training cap: 2 episodes of one step each, every iteration
+    # the page's command runs again as written: a name with a space is quoted
+    command = text.split("Command: `", 1)[1].split("`", 1)[0]
+    assert f"a cap={tiny},env.train_max_steps=1" in shlex.split(command)

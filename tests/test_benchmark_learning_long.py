@@ -251,6 +251,8 @@ DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"
     ("learning-default-terse-45", "2026-12-04-terse-45",
      ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "45", "--baseline", "the default job",
       "--baseline-horizon", "15"]),
+    ("learning-default-train-horizon", "2026-12-04-train-horizon",
+     [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "terse, no training cap"]),
 ])
 def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,
                                                           extra: list[str]) -> None:

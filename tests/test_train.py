@@ -106,6 +106,75 @@ def test_rollout_rows(monkeypatch, tiny_policy):
     assert rows.anchor[mine].tolist() == anchor_ids(replay).tolist()
 
 
+def _expert_act(lives):
+    """The expert's action in every live episode (a stand-in policy that wins every household task)."""
+    texts = [lv.env.expert_action() for lv in lives]
+    return [[0] for _ in lives], Generation([[0] for _ in lives], texts, logp=[[0.0] for _ in lives],
+                                            entropy=[[0.0] for _ in lives])
+
+
+def test_a_training_horizon_ends_episodes_after_that_many_steps_by_hand():
+    make_env = lambda: oma.envs.make("household")  # noqa: E731
+    full = rollout_mod.run_episodes(make_env, _expert_act, [3], group_size=1, invalid_penalty=0.1)
+    k = full.episodes[0].steps
+    assert full.episodes[0].won and full.episodes[0].outcome == 1.0 and k > 2
+    # a cap at the expert's length changes nothing: winning on the last allowed step is a win
+    at = rollout_mod.run_episodes(make_env, _expert_act, [3], group_size=1, invalid_penalty=0.1, max_steps=k)
+    assert (at.episodes[0].steps, at.episodes[0].won, at.episodes[0].outcome) == (k, True, 1.0)
+    assert torch.equal(at.rows.scores, full.rows.scores)
+    # one step fewer: k - 1 rows, steps 0..k-2, unwon, outcome 0 on every row
+    cut = rollout_mod.run_episodes(make_env, _expert_act, [3], group_size=1, invalid_penalty=0.1, max_steps=k - 1)
+    ep = cut.episodes[0]
+    assert (ep.steps, ep.won, ep.outcome) == (k - 1, False, 0.0)
+    assert cut.rows.step_index.tolist() == list(range(k - 1))
+    assert cut.rows.scores.tolist() == [0.0] * (k - 1) and not cut.rows.won.any()
+    assert cut.rows.prompt_ids == full.rows.prompt_ids[: k - 1]
+    with pytest.raises(ValueError, match="max_steps: expected a positive number of steps or None, got 0"):
+        rollout_mod.run_episodes(make_env, _expert_act, [3], group_size=1, invalid_penalty=0.1, max_steps=0)
+
+
+@pytest.mark.parametrize("cap", [1, 2, 4])
+def test_a_training_horizon_equals_the_environments_own_cap(tiny_policy, cap):
+    """Sampling from the tiny LM, a rollout capped at ``cap`` steps by the trainer gives exactly the rows
+    and episodes of one whose environment caps at ``cap``: the same decisions, lengths and outcomes."""
+    model, tok = tiny_policy
+    seeds = [11, 12, 13]
+
+    def run(env_cap, max_steps):
+        return rollout_mod.rollout(lambda: oma.envs.make("shop", max_steps=env_cap), model, tok, seeds, group_size=3,
+                                   history_length=0, max_prompt_tokens=400, max_new_tokens=8, temperature=1.0,
+                                   invalid_penalty=0.1, generator=torch.Generator().manual_seed(7), constrained=True,
+                                   show_actions=True, max_steps=max_steps)
+
+    trainer, env = run(8, cap), run(cap, None)
+    assert [(e.steps, e.won, e.outcome) for e in trainer.episodes] == [(e.steps, e.won, e.outcome) for e in env.episodes]
+    assert max(e.steps for e in trainer.episodes) == cap
+    assert trainer.rows.prompt_ids == env.rows.prompt_ids and trainer.rows.response_ids == env.rows.response_ids
+    for name in ("group_index", "traj_index", "step_index", "scores", "step_rewards", "valid", "won"):
+        assert torch.equal(getattr(trainer.rows, name), getattr(env.rows, name)), name
+    # state ids name the environment's options (its cap included), so compare which rows share a state
+    assert _partition(trainer.rows.anchor) == _partition(env.rows.anchor)
+
+
+def _partition(ids: torch.Tensor) -> list[int]:
+    """Each id relabelled by its first occurrence: equal lists mean the same rows share a value."""
+    first: dict[int, int] = {}
+    return [first.setdefault(int(v), len(first)) for v in ids]
+
+
+def test_train_max_steps_caps_training_episodes_only(tmp_path):
+    out = tmp_path / "run"
+    rc = oma_main(["train", *TINY, "env.options.max_steps=5", "env.train_max_steps=2", f"out_dir={out}",
+                   f"warm_start.cache_dir={tmp_path / 'cache'}"])
+    assert rc == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rows_per_traj"] <= 2 for r in records[1:])
+    assert all(r["eval_steps"] > 2 for r in records)  # held-out episodes still run to the environment's cap of 5
+    with pytest.raises(ConfigError, match=r"env.train_max_steps must be > 0 or null, got 0"):
+        load_config(None, ["env.train_max_steps=0"])
+    assert load_config(None, ["env.train_max_steps=null"]).env.train_max_steps is None
+
+
 def _captured_batch(monkeypatch, model, tok, seeds=(5,), group_size=2, max_steps=3, logp_shift=0.0):
     """A scripted shop rollout and its batch (GRPO advantages; logp_old = current logp − logp_shift)."""
     monkeypatch.setattr(rollout_mod, "generate", _scripted_generate(tok))

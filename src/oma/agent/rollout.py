@@ -113,13 +113,14 @@ def rollout(
     action_level: bool = False,
     show_actions: bool,
     traj_offset: int = 0,
+    max_steps: int | None = None,
 ) -> Rollout:
     """Roll out ``group_size`` episodes of every task seed with the LM policy, stepping all in lockstep.
 
     Group g is task seed ``task_seeds[g]``; trajectory ids are ``traj_offset + g*group_size + i``.
     With ``constrained`` the policy samples only admissible actions (see :func:`generate`), with
     ``action_level`` from a softmax over whole actions (:func:`generate_actions`); ``show_actions``
-    lists them in the prompt (:func:`oma.agent.prompt.step_prompt`).
+    lists them in the prompt (:func:`oma.agent.prompt.step_prompt`). ``max_steps``: see :func:`run_episodes`.
     """
     encoded: dict = {}  # text -> token ids for this rollout: the n episodes of a task repeat prompts and actions
 
@@ -136,7 +137,7 @@ def rollout(
     model.eval()
     try:
         ro = run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
-                          traj_offset=traj_offset, constrained=constrained)
+                          traj_offset=traj_offset, constrained=constrained, max_steps=max_steps)
         ro.rows.action_level = action_level
         return ro
     finally:
@@ -144,12 +145,18 @@ def rollout(
 
 
 def run_episodes(make_env: Callable[[], object], act: Act, task_seeds: Sequence[int], *, group_size: int,
-                 invalid_penalty: float, traj_offset: int = 0, constrained: bool = True) -> Rollout:
+                 invalid_penalty: float, traj_offset: int = 0, constrained: bool = True,
+                 max_steps: int | None = None) -> Rollout:
     """The episode bookkeeping of a rollout, whatever the policy: ``act`` chooses, this steps and records.
 
     ``constrained``: the policy chooses only admissible actions, and ``Rows.allowed`` keeps what
     its generation allowed (for log-probs of the same distribution in training).
+    ``max_steps``: an episode still running after this many steps ends there, as the environment
+    ends one at its own cap: its outcome is the rewards it collected, and it is won only if its last
+    step won (docs/training.md#a-shorter-training-horizon). ``None``: only the environment ends episodes.
     """
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps: expected a positive number of steps or None, got {max_steps}")
     live: list[LiveEpisode] = []
     episodes: list[Episode] = []
     for g, seed in enumerate(task_seeds):
@@ -191,7 +198,7 @@ def run_episodes(make_env: Callable[[], object], act: Act, task_seeds: Sequence[
             lv.episode.transcript.append((lv.obs, gen.texts[slot]))
             lv.history.append((lv.obs, action if action is not None else gen.texts[slot]))
             lv.obs, lv.info = obs, info
-            if terminated or truncated:
+            if terminated or truncated or lv.episode.steps == max_steps:
                 lv.episode.won = bool(info["won"])
                 lv.episode.outcome = sum(lv.rewards)
             else:

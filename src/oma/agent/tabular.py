@@ -167,7 +167,7 @@ def _entropy(logits: Tensor) -> Tensor:
 
 def tabular_rollout(make_env: Callable[[], object], policy: TabularPolicy, task_seeds: Sequence[int], *,
                     group_size: int, temperature: float, invalid_penalty: float, generator: torch.Generator | None,
-                    traj_offset: int = 0) -> Rollout:
+                    traj_offset: int = 0, max_steps: int | None = None) -> Rollout:
     """:func:`oma.agent.rollout.rollout` for the tabular policy: same episodes, rows and ids."""
 
     def act(lives: list[LiveEpisode]) -> tuple[list[list[int]], Generation]:
@@ -177,7 +177,7 @@ def tabular_rollout(make_env: Callable[[], object], policy: TabularPolicy, task_
         return [[policy.state_id(s)] for s in states], gen
 
     return run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
-                        traj_offset=traj_offset)
+                        traj_offset=traj_offset, max_steps=max_steps)
 
 
 def imitate(policy: TabularPolicy, demos: Sequence[tuple[str, str, Sequence[str]]]) -> None:

@@ -60,6 +60,10 @@ class EnvConfig:
     """Held-out task seeds for evaluation (fixed for the whole run); 128 tasks leave ±4–9 points of binomial noise."""
     eval_seed_offset: int = 1_000_000
     """Held-out seeds are ``eval_seed_offset + k``; training seeds stay below it."""
+    train_max_steps: int | None = None
+    """Training episodes end after this many steps if the environment has not ended them (unwon unless
+    the last step won); evaluation keeps the environment's own cap. ``None``: the environment's cap
+    alone. Fewer steps per failed episode make an iteration cheaper (docs/training.md#a-shorter-training-horizon)."""
 
 
 @dataclass
@@ -268,6 +272,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                        "optim.weight_decay": cfg.optim.weight_decay}.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
+    if cfg.env.train_max_steps is not None and not cfg.env.train_max_steps > 0:
+        raise ConfigError(f"env.train_max_steps must be > 0 or null, got {cfg.env.train_max_steps}")
     if not 0.0 <= cfg.warm_start.noise <= 1.0:
         raise ConfigError(f"warm_start.noise must be in [0, 1], got {cfg.warm_start.noise}")
     if not 0.0 <= cfg.algo.gamma <= 1.0:

@@ -154,16 +154,25 @@ def row_logprobs(model, rows: Rows, idx: Tensor, pad_id: int, *, temperature: fl
 
 
 def policy_rollout(cfg: TrainConfig, make_env, model, tokenizer, seeds: list[int], *, group_size: int,
-                   temperature: float, generator: torch.Generator | None) -> Rollout:
-    """G = len(seeds) tasks × ``group_size`` episodes with the policy, an LM or the table."""
+                   temperature: float, generator: torch.Generator | None, max_steps: int | None = None) -> Rollout:
+    """G = len(seeds) tasks × ``group_size`` episodes with the policy, an LM or the table, each ended
+    after ``max_steps`` steps if the environment has not ended it (``None``: the environment's cap)."""
     if isinstance(model, TabularPolicy):
         return tabular_rollout(make_env, model, seeds, group_size=group_size, temperature=temperature,
-                               invalid_penalty=cfg.env.invalid_penalty, generator=generator)
+                               invalid_penalty=cfg.env.invalid_penalty, generator=generator, max_steps=max_steps)
     return rollout(make_env, model, tokenizer, seeds, group_size=group_size, history_length=cfg.env.history_length,
                    max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
                    temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
                    constrained=cfg.policy.constrained, action_level=cfg.policy.normalise == "action",
-                   show_actions=cfg.env.show_actions)
+                   show_actions=cfg.env.show_actions, max_steps=max_steps)
+
+
+def training_rollout(cfg: TrainConfig, make_env, model, tokenizer, iteration: int,
+                     generator: torch.Generator | None) -> Rollout:
+    """Iteration ``iteration``'s training batch: its G tasks × n episodes at the rollout temperature,
+    each ended at ``env.train_max_steps`` if the environment has not ended it."""
+    return policy_rollout(cfg, make_env, model, tokenizer, task_seeds(cfg, iteration), group_size=cfg.env.group_size,
+                          temperature=cfg.policy.temperature, generator=generator, max_steps=cfg.env.train_max_steps)
 
 
 def episode_scores(cfg: TrainConfig, rows: Rows) -> Tensor:
@@ -522,8 +531,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         for it in range(start + 1, cfg.iterations + 1):
             # ---- 1. rollout: G tasks × n episodes, one row per step ------------------------------
             t0 = time.perf_counter()
-            ro = policy_rollout(cfg, make_env, model, tokenizer, task_seeds(cfg, it), group_size=cfg.env.group_size,
-                                temperature=cfg.policy.temperature, generator=_generator(cfg.seed, it, "rollout"))
+            ro = training_rollout(cfg, make_env, model, tokenizer, it, _generator(cfg.seed, it, "rollout"))
             rows = ro.rows
             t_rollout = time.perf_counter() - t0
 
