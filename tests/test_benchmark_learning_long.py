@@ -253,6 +253,12 @@ DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"
       "--baseline-horizon", "15"]),
     ("learning-default-train-horizon", "2026-12-04-train-horizon",
      [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "terse, no training cap"]),
+    ("learning-default-fast", "2026-12-04-fast",
+     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "60", "--baseline", "the default job",
+      "--baseline-horizon", "15"]),
+    ("learning-default-fast-vs-terse-45", "2026-12-04-fast-vs-terse-45",
+     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "60", "--baseline", "terse, 45 iterations",
+      "--baseline-horizon", "45"]),
 ])
 def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,
                                                           extra: list[str]) -> None:
