@@ -253,6 +253,8 @@ DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"
       "--baseline-horizon", "15"]),
     ("learning-default-train-horizon", "2026-12-04-train-horizon",
      [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "terse, no training cap"]),
+    ("learning-default-cap20-150", "2026-12-04-cap20-150",
+     [*DEFAULT_JOB[:2], "--horizon", "150", "--baseline", "the default job's recipe"]),
     ("learning-default-fast", "2026-12-04-fast",
      ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "60", "--baseline", "the default job",
       "--baseline-horizon", "15"]),
