@@ -23,9 +23,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from oma.agent.rollout import rollout
 from oma.train.config import load_config
-from oma.train.loop import Batch, advantages, env_factory, episode_scores, per_token, response_mask_of, task_seeds, update
+from oma.train.loop import (Batch, advantages, env_factory, episode_scores, per_token, response_mask_of, training_rollout,
+                            update)
 from oma.train.warmstart import build_policy
 
 
@@ -64,11 +64,7 @@ def main() -> None:
     pad = tok.pad_token_id
 
     t0 = time.perf_counter()
-    ro = rollout(make_env, model, tok, task_seeds(cfg, 1), group_size=cfg.env.group_size,
-                 history_length=cfg.env.history_length, max_prompt_tokens=cfg.policy.max_prompt_tokens,
-                 max_new_tokens=cfg.policy.max_new_tokens, temperature=cfg.policy.temperature,
-                 invalid_penalty=cfg.env.invalid_penalty, generator=torch.Generator().manual_seed(0),
-                 constrained=cfg.policy.constrained, show_actions=cfg.env.show_actions)
+    ro = training_rollout(cfg, make_env, model, tok, 1, torch.Generator().manual_seed(0))
     t_rollout = time.perf_counter() - t0
     rows = ro.rows
     prompt_tokens = sum(len(p) for p in rows.prompt_ids)
