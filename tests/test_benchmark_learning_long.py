@@ -261,6 +261,12 @@ DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"
     ("learning-default-fast-vs-terse-45", "2026-12-04-fast-vs-terse-45",
      ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "60", "--baseline", "terse, 45 iterations",
       "--baseline-horizon", "45"]),
+    ("learning-default-cap20-75", "2026-12-04-cap20-75",
+     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "75", "--baseline", "the default job",
+      "--baseline-horizon", "15"]),
+    ("learning-default-cap20-75-pooled", "2026-12-04-cap20-75-pooled",
+     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "75", "--baseline", "the default job",
+      "--baseline-horizon", "15"]),
 ])
 def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,
                                                           extra: list[str]) -> None:

@@ -493,6 +493,17 @@ def test_the_glam_preset_is_the_default_job_over_whole_actions():
     assert load_config(preset, back) == load_config(None)
 
 
+def test_the_cap20_preset_is_the_default_job_with_terse_text_capped_training_and_75_iterations():
+    preset = CONFIGS / "household-gigpo-oma-cap20.yaml"
+    cap20 = load_config(preset)
+    assert (cap20.env.options["text"], cap20.env.train_max_steps, cap20.iterations, cap20.eval_every) == ("terse", 20, 75, 75)
+    back = ["env.train_max_steps=null", "iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]
+    assert load_config(preset, back) == load_config(None, ["env.options.text=terse"])  # nothing else differs
+    # its study's runs named it as overrides of the terse preset (docs/training.md)
+    as_run = ["env.train_max_steps=20", "iterations=75", "eval_every=15", "out_dir=x"]
+    assert load_config(CONFIGS / "household-gigpo-oma-terse.yaml", as_run) == load_config(preset, as_run[2:])
+
+
 def test_the_terse_preset_is_the_default_job_with_terse_text_run_three_times_as_long():
     preset = CONFIGS / "household-gigpo-oma-terse.yaml"
     terse = load_config(preset)
