@@ -72,13 +72,14 @@ class ExpertTap:
 
 
 def labelled_rollout(cfg, model, tokenizer, seeds, generator, *, group_size=None, temperature=None):
-    """A rollout as an RL iteration's (the job's group size and temperature unless given) and its
+    """A rollout as an RL iteration's (the job's group size and temperature unless given, its training cap) and its
     expert labels: ``(rollout, [(expert action, admissible actions, action taken)] per row)``."""
     log: list[tuple[str, list[str], str]] = []
     make_env = lambda: ExpertTap(oma.envs.make(cfg.env.name, **cfg.env.options), log)  # noqa: E731
     ro = policy_rollout(cfg, make_env, model, tokenizer, seeds,
                         group_size=cfg.env.group_size if group_size is None else group_size,
-                        temperature=cfg.policy.temperature if temperature is None else temperature, generator=generator)
+                        temperature=cfg.policy.temperature if temperature is None else temperature, generator=generator,
+                        max_steps=cfg.env.train_max_steps)
     if len(log) != len(ro.rows):
         raise RuntimeError(f"{len(log)} expert labels for {len(ro.rows)} rows")
     return ro, log

@@ -235,6 +235,12 @@ def test_the_forest_grows_a_row_per_variant(tmp_path: Path) -> None:
 
 
 DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"]
+TERSE = ["--preset", "configs/household-gigpo-oma-terse.yaml"]
+
+
+def _terse_against(horizon: int, baseline: str = "the default job", baseline_horizon: int = 15) -> list[str]:
+    """A terse job read at ``horizon`` against ``baseline`` read at the end of its own job."""
+    return [*TERSE, "--horizon", str(horizon), "--baseline", baseline, "--baseline-horizon", str(baseline_horizon)]
 
 
 @pytest.mark.parametrize(("page", "evidence", "extra"), [
@@ -248,25 +254,15 @@ DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"
      [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "the default job's recipe"]),
     ("learning-default-terse", "2026-12-04-terse",
      [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "the default job's recipe"]),
-    ("learning-default-terse-45", "2026-12-04-terse-45",
-     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "45", "--baseline", "the default job",
-      "--baseline-horizon", "15"]),
+    ("learning-default-terse-45", "2026-12-04-terse-45", _terse_against(45)),
     ("learning-default-train-horizon", "2026-12-04-train-horizon",
      [*DEFAULT_JOB[:2], "--horizon", "60", "--baseline", "terse, no training cap"]),
     ("learning-default-cap20-150", "2026-12-04-cap20-150",
      [*DEFAULT_JOB[:2], "--horizon", "150", "--baseline", "the default job's recipe"]),
-    ("learning-default-fast", "2026-12-04-fast",
-     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "60", "--baseline", "the default job",
-      "--baseline-horizon", "15"]),
-    ("learning-default-fast-vs-terse-45", "2026-12-04-fast-vs-terse-45",
-     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "60", "--baseline", "terse, 45 iterations",
-      "--baseline-horizon", "45"]),
-    ("learning-default-cap20-75", "2026-12-04-cap20-75",
-     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "75", "--baseline", "the default job",
-      "--baseline-horizon", "15"]),
-    ("learning-default-cap20-75-pooled", "2026-12-04-cap20-75-pooled",
-     ["--preset", "configs/household-gigpo-oma-terse.yaml", "--horizon", "75", "--baseline", "the default job",
-      "--baseline-horizon", "15"]),
+    ("learning-default-fast", "2026-12-04-fast", _terse_against(60)),
+    ("learning-default-fast-vs-terse-45", "2026-12-04-fast-vs-terse-45", _terse_against(60, "terse, 45 iterations", 45)),
+    ("learning-default-cap20-75", "2026-12-04-cap20-75", _terse_against(75)),
+    ("learning-default-cap20-75-pooled", "2026-12-04-cap20-75-pooled", _terse_against(75)),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target
      ["--preset", "configs/household-gigpo-oma-cap20.yaml", "--horizon", "300", "--target", "long",
       "--baseline", "terse, cap 20, 150 iterations", "--baseline-horizon", "150"]),
