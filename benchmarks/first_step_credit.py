@@ -5,7 +5,8 @@ Run by hand (results in docs/training.md#where-greedy-episodes-first-go-wrong-rl
     .venv/bin/python benchmarks/first_step_credit.py --seed 0
     .venv/bin/python benchmarks/first_step_credit.py --seed 2
 
-Rolls out the default job's warm start (``--seed`` picks it, as ``oma train seed=K`` does) on
+Rolls out the warm start of the default job of 2026-12-04 (:data:`MEASURED_JOB`; ``--seed`` picks
+it, as ``oma train configs/household-gigpo-oma-2026-12-04.yaml seed=K`` does) on
 ``--tasks`` training tasks × ``env.group_size`` episodes, and computes each row's advantage and
 per-token loss weights exactly as an update would, under the job's accounting and mass and under
 ``row`` + ``native`` (verl's), on the same rows. At the first step the agent stands in the middle of a
@@ -24,6 +25,8 @@ import sys
 from collections import defaultdict
 from dataclasses import replace
 
+from pathlib import Path
+
 import torch
 
 from oma.core import token_weights
@@ -31,12 +34,17 @@ from oma.train.config import load_config
 from oma.train.loop import advantages, env_factory, episode_scores, policy_rollout, response_mask_of
 from oma.train.warmstart import build_policy
 
+MEASURED_JOB = Path(__file__).resolve().parents[1] / "configs" / "household-gigpo-oma-2026-12-04.yaml"
+"""The job this script's and its neighbours' committed figures were measured on (the default job until
+2026-12-05); its observations are ALFWorld's sentences, which :func:`first_step_case` reads."""
+
 
 def first_step_case(task: str, observation: str) -> str:
     """``goal here`` | ``goal elsewhere``: is the hint's room the room of the first observation?"""
     here, goal = re.search(r"middle of the (\w+)", observation), re.search(r" in the (\w+)\.$", task.strip())
     if not (here and goal):
-        raise ValueError(f"household first step without a room or a hint (env.options.hint must be true): {task!r}")
+        raise ValueError("household first step without a room or a hint in ALFWorld's sentences (env.options.hint must "
+                         f"be true and env.options.text alfworld): {task!r}")
     return "goal here" if here.group(1) == goal.group(1) else "goal elsewhere"
 
 
@@ -51,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tasks", type=int, default=64)
-    ap.add_argument("overrides", nargs="*", help="config overrides of the default job, key=value")
+    ap.add_argument("overrides", nargs="*", help=f"config overrides of {MEASURED_JOB.name}, key=value")
     args = ap.parse_args(argv)
-    cfg = load_config(None, [*args.overrides, f"seed={args.seed}"])
+    cfg = load_config(MEASURED_JOB, [*args.overrides, f"seed={args.seed}"])
     if cfg.env.name != "household":
         print(f"env.name is {cfg.env.name!r}; this count needs household", file=sys.stderr)
         return 2

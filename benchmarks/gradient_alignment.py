@@ -5,7 +5,8 @@ Run by hand (results in docs/training.md#the-rl-gradient-against-the-experts-it-
     .venv/bin/python benchmarks/gradient_alignment.py --seed 0 --batches 3 threads=1
     .venv/bin/python benchmarks/gradient_alignment.py --seed 2 --batches 3 --json out.json threads=2
 
-Rolls out the default job's warm start of ``--seed`` (as ``oma train seed=K`` builds it, cached) on
+Rolls out the warm start of ``--seed`` of the default job of 2026-12-04 (as ``oma train
+configs/household-gigpo-oma-2026-12-04.yaml seed=K`` builds it, cached) on
 training tasks, as an RL iteration does, and records the expert's action in every state the policy
 acted in.
 For each advantage / mass variant it takes the policy gradient of the batch at ratio 1, the
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from first_step_credit import MEASURED_JOB  # benchmarks/ is on sys.path when run as a script
 from oma.agent.policy import action_choices, allowed_positions
 from oma.agent.rollout import Rows
 from oma.core import gigpo_advantages, outcome_advantages, token_weights
@@ -182,9 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write every per-batch cosine here")
     ap.add_argument("--by-kind", action="store_true",
                     help="also split the job's A > 0, expert's-action part by the kind of action (stays, leaves, take, ...)")
-    ap.add_argument("overrides", nargs="*", help="config overrides of the default job, key=value")
+    ap.add_argument("overrides", nargs="*", help=f"config overrides of {MEASURED_JOB.name}, key=value")
     args = ap.parse_args(argv)
-    cfg = load_config(None, [*args.overrides, f"seed={args.seed}"])
+    cfg = load_config(MEASURED_JOB, [*args.overrides, f"seed={args.seed}"])
     torch.set_num_threads(cfg.threads)
     make_env = lambda: oma.envs.make(cfg.env.name, **cfg.env.options)  # noqa: E731
     model, tokenizer, _ = build_policy(cfg, make_env)

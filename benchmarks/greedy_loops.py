@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.env.history_length != 0:
         print(f"{args.run}: env.history_length is {cfg.env.history_length}; the count assumes 0", file=sys.stderr)
         return 2
+    if cfg.env.options.get("text", "alfworld") != "alfworld":  # hint_type reads ALFWorld's sentences
+        print(f"{args.run}: env.options.text is {cfg.env.options['text']!r}; the count reads 'alfworld' text", file=sys.stderr)
+        return 2
     torch.set_num_threads(cfg.threads)
     make_env = env_factory(cfg)
     model, tokenizer, _ = build_policy(cfg, make_env)

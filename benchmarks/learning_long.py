@@ -13,26 +13,28 @@ benchmarks/learning-long-gigpo.md):
     .venv/bin/python benchmarks/learning_long.py runs/long-gigpo --preset configs/household-gigpo-oma-long.yaml \
         --out benchmarks/learning-long-gigpo.md
 
-The default job's two accountings (benchmarks/learning-default-accounting.md), judged by its own
-target over seeds:
+The default job's two accountings (benchmarks/learning-default-accounting.md; the default job of
+2026-12-04, configs/household-gigpo-oma-2026-12-04.yaml), judged by its own target over seeds:
 
-    oma train seed=K threads=1 out_dir=runs/default-acc/OA+MA/seed-K
-    oma train seed=K threads=1 algo.accounting=row algo.mass=native out_dir=runs/default-acc/row+native/seed-K
-    .venv/bin/python benchmarks/learning_long.py runs/default-acc --preset configs/household-gigpo-oma.yaml \
+    oma train configs/household-gigpo-oma-2026-12-04.yaml seed=K threads=1 out_dir=runs/default-acc/OA+MA/seed-K
+    oma train configs/household-gigpo-oma-2026-12-04.yaml seed=K threads=1 algo.accounting=row algo.mass=native \
+        out_dir=runs/default-acc/row+native/seed-K
+    .venv/bin/python benchmarks/learning_long.py runs/default-acc --preset configs/household-gigpo-oma-2026-12-04.yaml \
         --horizon 15 --target default --out benchmarks/learning-default-accounting.md
 
 Runs that roll out other numbers of episodes per iteration (``env.tasks_per_iter``) are compared on
 the same data with ``--unit episode``: the horizon and the curves count training episodes, read from
 each run's config.json (benchmarks/learning-default-batch.md):
 
-    oma train env.tasks_per_iter=4 iterations=30 eval_every=15 seed=K threads=1 out_dir=runs/batch/4x8/seed-K
-    .venv/bin/python benchmarks/learning_long.py runs/batch --preset configs/household-gigpo-oma.yaml \
+    oma train configs/household-gigpo-oma-2026-12-04.yaml env.tasks_per_iter=4 iterations=30 eval_every=15 seed=K \
+        threads=1 out_dir=runs/batch/4x8/seed-K
+    .venv/bin/python benchmarks/learning_long.py runs/batch --preset configs/household-gigpo-oma-2026-12-04.yaml \
         --horizon 960 --unit episode --target default --baseline 'the default job' --command TEXT \
         --out benchmarks/learning-default-batch.md
 
 Jobs of different lengths are compared as each one's user gets them with ``--baseline-horizon``: the
 baseline's runs are read at their own end (benchmarks/learning-default-terse-45.md, a 45-iteration job
-against the 15-iteration default job on the same seeds):
+against the 15-iteration default job of 2026-12-04 on the same seeds):
 
     oma train configs/household-gigpo-oma-terse.yaml eval_every=15 seed=K threads=1 \
         out_dir=runs/terse-45/'terse, 45 iterations'/seed-K                            # K = 5..9
@@ -51,7 +53,7 @@ opens with a summary, one row per variant (the baseline first, then by mean gree
 plot of the gains with the target's (<out>-gains.png). Every 5-seed screen of the default job
 (benchmarks/learning-default-screens.md) is read this way from one folder of links to their runs:
 
-    .venv/bin/python benchmarks/learning_long.py runs/screens --preset configs/household-gigpo-oma.yaml \
+    .venv/bin/python benchmarks/learning_long.py runs/screens --preset configs/household-gigpo-oma-2026-12-04.yaml \
         --horizon 15 --target default --baseline 'the default job' --command TEXT \
         --out benchmarks/learning-default-screens.md
 """

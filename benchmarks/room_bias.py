@@ -5,8 +5,9 @@ Run by hand (results in docs/training.md#which-pushes-move-the-room-decision-eve
     .venv/bin/python benchmarks/room_bias.py --seed 0 --batches 3 threads=1
     .venv/bin/python benchmarks/room_bias.py --seed 2 --batches 3 --json out.json threads=1
 
-The probes are the first states of the default job's 128 held-out tasks, the warm start of
-``--seed`` (as ``oma train seed=K`` builds it, cached). In each the agent stands in the middle of a
+The probes are the first states of the 128 held-out tasks of the default job of 2026-12-04, the
+warm start of ``--seed`` (as ``oma train configs/household-gigpo-oma-2026-12-04.yaml seed=K`` builds
+it, cached). In each the agent stands in the middle of a
 room and the hint names the goal's room: staying (going to a receptacle here) is right when the two
 rooms are the same, leaving (going to a room) when they differ. Each probe's decision is
 
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from first_step_credit import action_kind, first_step_case  # benchmarks/ is on sys.path when run as a script
+from first_step_credit import MEASURED_JOB, action_kind, first_step_case  # benchmarks/ is on sys.path when run as a script
 from gradient_alignment import coefficient_gradient, distinct_logprobs, flat_grad, labelled_rollout, oracle_gradient
 from oma.agent.policy import action_choices, allowed_positions
 from oma.agent.rollout import Rows
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batches", type=int, default=3, help="training batches, each of the job's tasks × episodes")
     ap.add_argument("--json", help="also write every per-batch figure here")
-    ap.add_argument("overrides", nargs="*", help="config overrides of the default job, key=value")
+    ap.add_argument("overrides", nargs="*", help=f"config overrides of {MEASURED_JOB.name}, key=value")
     args = ap.parse_args(argv)
     if args.plot:
         results = [json.loads(Path(p).read_text()) for p in args.plot]
@@ -266,9 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         for group in args.trajectory:
             print(f"## {group}\n\n{trajectory_table(trajectory(group))}\n")
         return 0
-    cfg = load_config(None, [*args.overrides, f"seed={args.seed}"])
+    cfg = load_config(MEASURED_JOB, [*args.overrides, f"seed={args.seed}"])
     if cfg.env.name != "household" or not cfg.env.options.get("hint"):
-        print("this measurement needs household with env.options.hint=true (the default job)", file=sys.stderr)
+        print(f"this measurement needs household with env.options.hint=true ({MEASURED_JOB.name})", file=sys.stderr)
         return 2
     torch.set_num_threads(cfg.threads)
     make_env = env_factory(cfg)

@@ -58,3 +58,16 @@ def test_mistake_kind_by_hand() -> None:
     assert m.mistake_kind("go to drawer 1", "go to shelf 2") == "goes to the wrong receptacle in the room"
     assert m.mistake_kind("take mug 1 from drawer 2", "put mug 1 in/on shelf 1") == "take instead of put"
     assert m.mistake_kind("take mug 1 from drawer 2", "take mug 2 from drawer 2") == "takes the wrong object or place"
+
+
+def test_a_run_in_terse_text_is_refused_not_misread(tmp_path, capsys) -> None:
+    """hint_type reads ALFWorld's hint sentence; a terse run (today's default job) would count no copies."""
+    import json
+
+    from oma.train.config import load_config, to_dict
+
+    (tmp_path / "config.json").write_text(json.dumps(to_dict(load_config(None))))
+    assert benchmark_scripts.load("greedy_loops").main([str(tmp_path)]) == 2
+    assert "env.options.text is 'terse'" in capsys.readouterr().err
+    _, info = make("household", **load_config(None).env.options).reset(1_000_000)
+    assert "Hint:" in info["task"] and benchmark_scripts.load("greedy_loops").hint_type(info["task"]) is None  # unread

@@ -234,7 +234,7 @@ def test_the_forest_grows_a_row_per_variant(tmp_path: Path) -> None:
     assert five.shape[0] == round(120 * (1.2 + 0.32 * 5))
 
 
-DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "15"]
+DEFAULT_JOB = ["--preset", "configs/household-gigpo-oma-2026-12-04.yaml", "--horizon", "15"]
 TERSE = ["--preset", "configs/household-gigpo-oma-terse.yaml"]
 
 
@@ -264,7 +264,7 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
     ("learning-default-cap20-75", "2026-12-04-cap20-75", _terse_against(75)),
     ("learning-default-cap20-75-pooled", "2026-12-04-cap20-75-pooled", _terse_against(75)),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target
-     ["--preset", "configs/household-gigpo-oma-cap20.yaml", "--horizon", "300", "--target", "long",
+     ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "300", "--target", "long",
       "--baseline", "terse, cap 20, 150 iterations", "--baseline-horizon", "150"]),
 ])
 def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,

@@ -126,3 +126,19 @@ def test_trajectory_rejects_a_group_without_runs(tmp_path, capsys) -> None:
     code = _module().main(["--trajectory", str(tmp_path / "group"), "threads=1"])
     assert code == 2
     assert "--trajectory threads=1: expected a folder holding seed-K run folders" in capsys.readouterr().err
+
+
+def test_the_probes_start_from_the_job_they_were_measured_on() -> None:
+    """first_step_credit, room_bias and gradient_alignment default to the default job of 2026-12-04
+    (ALFWorld's sentences, which the first-step cases are read from); today's terse default is refused
+    with the key to change, not misread."""
+    from oma.train.config import load_config
+
+    m = benchmark_scripts.load("first_step_credit")
+    cfg = load_config(m.MEASURED_JOB)
+    assert cfg.env.options == OPTIONS and (cfg.iterations, cfg.env.train_max_steps) == (15, None)
+    obs, info = make("household", **cfg.env.options).reset(1_000_000)
+    assert m.first_step_case(info["task"], obs) in ("goal here", "goal elsewhere")
+    obs, info = make("household", **load_config(None).env.options).reset(1_000_000)
+    with pytest.raises(ValueError, match="env.options.text alfworld"):
+        m.first_step_case(info["task"], obs)

@@ -18,7 +18,7 @@ from oma.agent.policy import Generation, load_model, load_tokenizer, response_lo
 from oma.agent.prompt import project_action, step_prompt
 from oma.cli import main as oma_main
 from oma.core import anchor_ids, outcome_advantages, token_objective, token_weights, weighted_loss
-from oma.train.config import ConfigError, load_config
+from oma.train.config import ConfigError, config_diff, load_config, to_dict
 from oma.train.loop import Batch, MetricsLog, batch_logprobs, minibatch_loss, response_mask_of, rollout_metrics, update
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -478,40 +478,82 @@ def test_the_default_job_is_oma_train_with_no_arguments():
     assert "train: $(BIN)/oma-installed\n\t$(BIN)/oma train\n" in (preset.parents[1] / "Makefile").read_text()
 
 
-def test_the_long_gigpo_preset_is_the_default_job_run_longer():
+PREVIOUS_DEFAULT = CONFIGS / "household-gigpo-oma-2026-12-04.yaml"
+EVIDENCE = CONFIGS.parent / "benchmarks" / "evidence"
+RUN_ONLY = ("out_dir", "seed", "threads", "tensorboard", "warm_start.cache_dir")
+"""Keys that name where and how a run ran, not the job."""
+
+
+def _evidence_configs(folder: str) -> list[dict]:
+    paths = sorted((EVIDENCE / folder).glob("seed-*/config.json"))
+    assert paths, f"no runs in {folder}"
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def test_the_default_job_is_terse_text_the_training_cap_of_20_and_75_iterations():
+    default = load_config(None)
+    assert default.env.options == {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True,
+                                   "text": "terse"}
+    assert (default.env.train_max_steps, default.iterations, default.eval_every) == (20, 75, 75)
+    # the job its committed figures ran: the solo timings, and the pre-registered seeds 5-14 (evaluated every 15)
+    timed = EVIDENCE / "2026-12-04-solo-timings"
+    for variant in ("terse, cap 20, 75 iterations", "terse, cap 20, 75 iterations, timed again",
+                    "terse, cap 20, 75 iterations, fresh clone"):
+        [saved] = _evidence_configs(f"{timed.name}/{variant}")
+        assert config_diff(saved, to_dict(default), ignore=RUN_ONLY) == []
+    for saved in _evidence_configs("2026-12-04-cap20-75/terse, cap 20, 75 iterations"):
+        assert config_diff(saved, to_dict(default), ignore=(*RUN_ONLY, "eval_every")) == []
+        assert saved["eval_every"] == 15
+
+
+def test_the_dated_preset_is_the_default_job_of_2026_12_04():
+    """Figures dated before 2026-12-05 name the default job of their day; this preset reruns them."""
+    previous = load_config(PREVIOUS_DEFAULT)
+    assert previous.env.options == {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True}
+    assert (previous.env.train_max_steps, previous.iterations, previous.eval_every) == (None, 15, 15)
+    back = load_config(None, ["env.train_max_steps=null", "iterations=15", "eval_every=15", "out_dir=x"])
+    del back.env.options["text"]  # household's own default, alfworld; no key, as its runs' warm-start cache keys had
+    assert load_config(PREVIOUS_DEFAULT, ["out_dir=x"]) == back  # nothing else differs
+    for saved in _evidence_configs("2026-12-04-15-seeds/the default job"):  # its 15-seed study ran exactly it
+        assert config_diff(saved, to_dict(previous), ignore=RUN_ONLY) == []
+    assert config_diff(_evidence_configs("2026-12-04-15-seeds/the default job")[0], to_dict(load_config(None)),
+                       ignore=RUN_ONLY) != []  # and today's default job is another
+
+
+def test_the_long_gigpo_preset_is_the_previous_default_job_run_longer():
     preset = CONFIGS / "household-gigpo-oma-long.yaml"
     long = load_config(preset)
     assert (long.iterations, long.eval_every, long.out_dir) == (60, 10, "runs/household-gigpo-oma-long")
-    assert load_config(preset, ["iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]) == load_config(None)
+    assert load_config(preset, ["iterations=15", "eval_every=15", "out_dir=x"]) == load_config(PREVIOUS_DEFAULT, ["out_dir=x"])
 
 
-def test_the_glam_preset_is_the_default_job_over_whole_actions():
+def test_the_glam_preset_is_the_previous_default_job_over_whole_actions():
     preset = CONFIGS / "household-gigpo-oma-glam.yaml"
     glam = load_config(preset)
     assert (glam.policy.normalise, glam.optim.lr, glam.out_dir) == ("action", 1e-4, "runs/household-gigpo-oma-glam")
-    back = ["policy.normalise=token", "optim.lr=0.0003", "out_dir=runs/household-gigpo-oma"]
-    assert load_config(preset, back) == load_config(None)
+    back = ["policy.normalise=token", "optim.lr=0.0003", "out_dir=x"]
+    assert load_config(preset, back) == load_config(PREVIOUS_DEFAULT, ["out_dir=x"])
 
 
-def test_the_cap20_preset_is_the_default_job_with_terse_text_capped_training_and_75_iterations():
-    preset = CONFIGS / "household-gigpo-oma-cap20.yaml"
-    cap20 = load_config(preset)
-    assert (cap20.env.options["text"], cap20.env.train_max_steps, cap20.iterations, cap20.eval_every) == ("terse", 20, 75, 75)
-    back = ["env.train_max_steps=null", "iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]
-    assert load_config(preset, back) == load_config(None, ["env.options.text=terse"])  # nothing else differs
-    # its study's runs named it as overrides of the terse preset (docs/training.md)
-    as_run = ["env.train_max_steps=20", "iterations=75", "eval_every=15", "out_dir=x"]
-    assert load_config(CONFIGS / "household-gigpo-oma-terse.yaml", as_run) == load_config(preset, as_run[2:])
-
-
-def test_the_terse_preset_is_the_default_job_with_terse_text_run_three_times_as_long():
+def test_the_terse_preset_is_the_default_job_without_the_training_cap_for_45_iterations():
     preset = CONFIGS / "household-gigpo-oma-terse.yaml"
     terse = load_config(preset)
-    assert (terse.env.options["text"], terse.iterations, terse.eval_every) == ("terse", 45, 45)
-    back = ["env.options.text=alfworld", "iterations=15", "eval_every=15", "out_dir=runs/household-gigpo-oma"]
-    default = load_config(None)
-    assert load_config(preset, back) == load_config(None, ["env.options.text=alfworld"])  # nothing else differs
-    assert {**default.env.options, "text": "terse"} == terse.env.options
+    assert (terse.env.options["text"], terse.env.train_max_steps, terse.iterations, terse.eval_every) == ("terse", None, 45, 45)
+    back = ["env.train_max_steps=20", "iterations=75", "eval_every=75", "out_dir=runs/household-gigpo-oma"]
+    assert load_config(preset, back) == load_config(None)  # nothing else differs
+    # = the previous default job with terse text (its study's description)
+    assert load_config(preset, ["out_dir=x"]) == load_config(PREVIOUS_DEFAULT, ["env.options.text=terse", "iterations=45",
+                                                                                 "eval_every=45", "out_dir=x"])
+    # the default job's pre-registered study named its runs as overrides of this preset (docs/training.md)
+    as_run = ["env.train_max_steps=20", "iterations=75", "eval_every=15", "out_dir=x"]
+    assert load_config(preset, as_run) == load_config(None, as_run[2:])
+
+
+@pytest.mark.parametrize("name", ["household-grpo-baseline", "household-grpo-oma", "household-grpo-oma-long", "household-gspo-oma"])
+def test_the_household_grpo_and_gspo_presets_train_to_the_environments_own_cap(name):
+    """They were measured before the default job capped training episodes at 20; they keep household's 30."""
+    cfg = load_config(CONFIGS / f"{name}.yaml")
+    assert cfg.env.train_max_steps is None and "text" not in cfg.env.options
 
 
 def test_env_options_belong_to_one_environment():
@@ -522,6 +564,21 @@ def test_env_options_belong_to_one_environment():
     assert load_config(None, ["env.name=shop", "env.options.reward=success"]).env.options == {"reward": "success"}
     assert load_config(CONFIGS / "shop-grpo-oma.yaml").env.options == {"reward": "score"}  # a preset replaces them
     assert load_config(CONFIGS / "shop-grpo-oma.yaml", ["env.options.max_steps=9"]).env.options == {"reward": "score", "max_steps": 9}
+
+
+def test_the_training_cap_belongs_to_one_environment():
+    """The default job's cap of 20 is household's; another environment trains to its own cap unless told."""
+    assert load_config(None).env.train_max_steps == 20
+    assert load_config(None, ["env.name=household"]).env.train_max_steps == 20  # the same environment keeps it
+    assert load_config(None, ["env.name=shop"]).env.train_max_steps is None
+    assert load_config(None, ["env.name=shop", "env.train_max_steps=7"]).env.train_max_steps == 7
+    assert load_config(None, ["env.train_max_steps=7", "env.name=shop"]).env.train_max_steps == 7  # one layer: set wins
+    assert load_config(CONFIGS / "textworld-grpo-oma.yaml").env.train_max_steps is None
+    assert load_config(CONFIGS / "textworld-grpo-oma.yaml", ["env.train_max_steps=5"]).env.train_max_steps == 5
+    assert load_config(CONFIGS / "chain-tabular-grpo.yaml").env.train_max_steps is None
+    assert load_config(None, ["env.train_max_steps=null"]).env.train_max_steps is None
+    with pytest.raises(ConfigError, match="env.train_max_steps must be > 0 or null, got 0"):
+        load_config(None, ["env.train_max_steps=0"])
 
 
 def test_show_actions_follows_constrained_decoding_unless_set():

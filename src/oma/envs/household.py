@@ -55,8 +55,9 @@ class HouseholdOptions:
     * ``text``: how observations, notes and the hint are worded. ``alfworld`` uses ALFWorld's
       sentences ("You arrive at cabinet 1. On the cabinet 1, you see a mug 1, and a cup 2.");
       ``terse`` states the same facts in fewer words ("At cabinet 1. On it: mug 1, cup 2."):
-      about 20% fewer prompt tokens, a CPU policy's passes cheaper and the default job 1.5×
-      faster, with the same gains per RL iteration (docs/training.md, "Terse observations").
+      about 20% fewer prompt tokens, a CPU policy's passes cheaper and the default job of
+      2026-12-04 1.5× faster, with the same gains per RL iteration (docs/training.md, "Terse
+      observations"); today's default job uses it.
       Actions, rewards, the expert and the states are the same under both; only the first
       observation differs by more than wording: ``terse`` leaves out ALFWorld's "Your task is
       to: ..." there, since the task is in every prompt anyway.
