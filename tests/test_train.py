@@ -496,10 +496,10 @@ def test_the_default_job_is_terse_text_the_training_cap_of_20_and_75_iterations(
                                    "text": "terse"}
     assert (default.env.train_max_steps, default.iterations, default.eval_every) == (20, 75, 75)
     # the job its committed figures ran: the solo timings, and the pre-registered seeds 5-14 (evaluated every 15)
-    timed = EVIDENCE / "2026-12-04-solo-timings"
-    for variant in ("terse, cap 20, 75 iterations", "terse, cap 20, 75 iterations, timed again",
-                    "terse, cap 20, 75 iterations, fresh clone"):
-        [saved] = _evidence_configs(f"{timed.name}/{variant}")
+    for timed in ("2026-12-04-solo-timings/terse, cap 20, 75 iterations", "2026-12-04-solo-timings/terse, cap 20, 75 iterations, "
+                  "timed again", "2026-12-04-solo-timings/terse, cap 20, 75 iterations, fresh clone",
+                  "2026-12-05-default-job-timing/oma train, fresh clone"):
+        [saved] = _evidence_configs(timed)
         assert config_diff(saved, to_dict(default), ignore=RUN_ONLY) == []
     for saved in _evidence_configs("2026-12-04-cap20-75/terse, cap 20, 75 iterations"):
         assert config_diff(saved, to_dict(default), ignore=(*RUN_ONLY, "eval_every")) == []
