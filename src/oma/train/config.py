@@ -213,11 +213,13 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimizer and batching."""
     iterations: int = 75
-    """RL iterations (rollout + update)."""
+    """RL iterations (rollout + update). 75: what fits the default job's 5 minutes on 2 cores with terse text
+    and the training cap (docs/training.md#where-the-default-job-stands-measured)."""
     seed: int = 0
     """Seeds model init, task sampling and rollouts; a run is reproducible from it."""
     eval_every: int = 75
-    """Evaluation on the held-out tasks every this many iterations (and at 0 and the end)."""
+    """Evaluation on the held-out tasks every this many iterations (and at 0 and the end). 75: the default job
+    evaluates before and after RL only (each evaluation of 128 tasks, greedy and sampled, takes 5–8 s there)."""
     checkpoint_every: int = 5
     """Write a resumable checkpoint every this many iterations (and at the end); at most every ``iterations // 2``,
     so a short run killed halfway can resume too."""
