@@ -266,6 +266,8 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
     ("learning-default-cap20-375", "2026-12-05-cap20-375",  # judged by the long preset's per-run target
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "375", "--target", "long",
       "--baseline", "terse, cap 20, 300 iterations", "--baseline-horizon", "300"]),
+    ("learning-default-375-accounting", "2026-12-05-accounting-375",  # row+native, the baseline unless named
+     ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-default-75-accounting", "2026-12-05-accounting-75",  # row+native, the baseline unless named
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "75"]),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target

@@ -507,6 +507,9 @@ def test_the_default_job_is_terse_text_the_training_cap_of_20_and_75_iterations(
     verl_accounting = to_dict(load_config(None, ["algo.accounting=row", "algo.mass=native"]))
     for saved in _evidence_configs("2026-12-05-accounting-75/row+native"):  # its study under verl's accounting
         assert config_diff(saved, verl_accounting, ignore=(*RUN_ONLY, "eval_every")) == []
+    for saved in _evidence_configs("2026-12-05-accounting-375/row+native"):  # and for 375 iterations
+        assert config_diff(saved, verl_accounting, ignore=(*RUN_ONLY, "eval_every", "iterations")) == []
+        assert (saved["iterations"], saved["eval_every"]) == (375, 15)
 
 
 def test_the_dated_preset_is_the_default_job_of_2026_12_04():
