@@ -42,6 +42,14 @@ against the 15-iteration default job of 2026-12-04 on the same seeds):
         --horizon 45 --target default --baseline 'the default job' --baseline-horizon 15 --command TEXT \
         --out benchmarks/learning-default-terse-45.md
 
+One evaluation is a noisy reading of one run; ``--last K`` reads each run's end as its endpoint success, the
+mean of its last K evaluations up to its horizon (docs/experiments.md#the-metrics), instead (benchmarks/learning-default-375-last-3.md, the 375-iteration runs
+of both accountings read over their last 3 evaluations):
+
+    .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-accounting-375 \
+        --preset configs/household-gigpo-oma-375.yaml --horizon 375 --last 3 --command TEXT \
+        --out benchmarks/learning-default-375-last-3.md
+
 A folder with compare.json is read as that comparison's runs; any other folder as
 DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
@@ -66,7 +74,7 @@ import math
 import sys
 from pathlib import Path
 
-from oma.experiments.stats import Estimate, mean_ci, paired_diff
+from oma.experiments.stats import Estimate, endpoint, endpoint_iterations, mean_ci, paired_diff
 
 METRICS = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
 
@@ -149,7 +157,14 @@ def main(argv: list[str]) -> int:
                    help="read the baseline's runs here instead of at --horizon: jobs of different lengths compared as "
                         "each one's user gets it (e.g. a 45-iteration job against the 15-iteration default job)")
     p.add_argument("--command", help="how the runs were trained, named in the report (default: a generic oma train line)")
+    p.add_argument("--last", type=int, default=1,
+                   help="read each run's end as the mean of its last LAST held-out evaluations up to its horizon "
+                        "(after iteration 0), a reading less sensitive to one evaluation's swing (default 1: the "
+                        "evaluation at the horizon)")
     args = p.parse_args(argv)
+    if args.last < 1:
+        print(f"--last: expected a count of evaluations >= 1, got {args.last}", file=sys.stderr)
+        return 2
     per_run = args.target == "long"
     root = Path(args.runs_dir)
     preset = args.preset
@@ -180,6 +195,11 @@ def main(argv: list[str]) -> int:
             unfinished.append(key)
             continue
         runs.setdefault(variant, {})[int(seed)] = c
+    try:
+        ends = averaged_ends(runs, horizons, args.last)
+    except ValueError as e:
+        print(f"--last {args.last}: {e}", file=sys.stderr)
+        return 2
     if args.baseline is not None and args.baseline not in runs:
         print(f"--baseline {args.baseline!r}: no finished runs of that variant at {args.unit} {horizons[args.baseline]} "
               f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
@@ -196,20 +216,24 @@ def main(argv: list[str]) -> int:
         f"{'' if per_run else f' --target {args.target}'}"
         f"{'' if args.baseline is None else f' --baseline {args.baseline!r}'}"
         f"{'' if args.baseline_horizon is None else f' --baseline-horizon {args.baseline_horizon}'}"
-        f"{' --command TEXT' if args.command else ''} --out {args.out}`.",
+        f"{' --command TEXT' if args.command else ''}{'' if args.last == 1 else f' --last {args.last}'} --out {args.out}`.",
         f"Held-out success on 128 tasks at {unit}s 0 (the warm start) to {args.horizon}; gain = {unit} "
         f"{args.horizon} − {unit} 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}"
         + ("" if args.baseline_horizon is None else
            f" {baseline} is read at {unit} {args.baseline_horizon}, the end of its job: its gain is {unit} "
-           f"{args.baseline_horizon} − {unit} 0."),
+           f"{args.baseline_horizon} − {unit} 0.")
+        + ("" if args.last == 1 else
+           f" **Each run's end is its endpoint success, the mean of its last {args.last} evaluations up to its "
+           f"horizon** (docs/experiments.md#the-metrics; for the horizon {args.horizon}: {unit}s {', '.join(map(str, last_evaluations(runs, args.horizon, args.last)))}), "
+           "in every table and the gains' plot; the learning curves show every evaluation."),
         "",
     ]
     if len(runs) >= 2:
-        lines += summary(runs, horizons, baseline)
+        lines += summary(ends, horizons, baseline)
         forest_png = png.with_name(f"{png.stem}-gains.png")
-        forest(runs, forest_png, horizons, baseline, TARGET_GAIN[args.target], unit)
+        forest(ends, forest_png, horizons, baseline, TARGET_GAIN[args.target], unit)
         lines += [f"![gains per variant]({forest_png.name})", ""]
-    for variant, seeds in runs.items():
+    for variant, seeds in ends.items():
         target_cell = ("| target ", "---|") if per_run else ("", "")
         lines += [f"## {variant}", "", f"| seed | greedy: warm start | end | gain {target_cell[0]}| sampled: warm start "
                   "| end | gain |", f"|---:|---:|---:|---:|{target_cell[1]}---:|---:|---:|"]
@@ -232,13 +256,41 @@ def main(argv: list[str]) -> int:
             else:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
-    lines += paired(runs, horizons, baseline, unit)
+    lines += paired(ends, horizons, baseline, unit)
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
     lines += [f"![learning curves]({png.name})", ""]
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
+
+
+def last_evaluations(runs: dict[str, dict[int, dict]], horizon: int, k: int) -> list[int]:
+    """The evaluations :func:`averaged_ends` averages at ``horizon`` (for the report's header): those of the
+    first run evaluated there."""
+    curve = next(c["eval_success"] for seeds in runs.values() for c in seeds.values() if horizon in c["eval_success"])
+    return [int(i) for i in endpoint_iterations(sorted(curve), horizon, k)]
+
+
+def averaged_ends(runs: dict[str, dict[int, dict]], horizons: Horizons, k: int) -> dict[str, dict[int, dict]]:
+    """``runs`` with each curve's value at its variant's horizon replaced by its endpoint success
+    (:func:`oma.experiments.stats.endpoint`, docs/experiments.md#the-metrics): the mean of its last ``k``
+    evaluations up to that horizon; ``k = 1`` leaves every value as it is. E.g. evaluations
+    {0: .1, 15: .3, 30: .2, 45: .4}, horizon 45, k = 2: the end becomes (.2 + .4) / 2 = .3. Unlike
+    ``endpoint``, a run with fewer than ``k`` evaluations after 0 is refused (ValueError naming it): the
+    warm start averaged into the end would shrink the gain."""
+    out: dict[str, dict[int, dict]] = {}
+    for variant, seeds in runs.items():
+        h = horizons[variant]
+        for seed, c in seeds.items():
+            new = {}
+            for m, curve in c.items():
+                its = sorted(curve)
+                if len(endpoint_iterations([i for i in its if i > 0], h, k)) < k:
+                    raise ValueError(f"{variant}/seed-{seed} has fewer than {k} {METRICS[m]} evaluations after 0 up to {h}")
+                new[m] = {**curve, h: endpoint(its, [curve[i] for i in its], h, k)}
+            out.setdefault(variant, {})[seed] = new
+    return out
 
 
 def gain(curve: dict[str, dict[int, float]], metric: str, horizon: int) -> float:

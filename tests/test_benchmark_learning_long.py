@@ -43,6 +43,42 @@ def test_run_folders_without_compare_json(tmp_path: Path) -> None:
     assert (tmp_path / "report.png").is_file()
 
 
+def test_the_end_as_the_mean_of_the_last_evaluations_by_hand(tmp_path: Path) -> None:
+    m = _module()
+    curve = {"eval_success": {0: 0.1, 15: 0.3, 30: 0.2, 45: 0.4}, "eval_sampled_success": {0: 0.2, 15: 0.2, 30: 0.5, 45: 0.5}}
+    runs = {"OA+MA": {0: curve}, "short": {0: curve}}
+    ends = m.averaged_ends(runs, m.Horizons(45, "short", 30), 2)
+    assert ends["OA+MA"][0]["eval_success"][45] == pytest.approx((0.2 + 0.4) / 2)
+    assert ends["OA+MA"][0]["eval_sampled_success"][45] == pytest.approx(0.5)
+    assert ends["short"][0]["eval_success"][30] == pytest.approx((0.3 + 0.2) / 2)  # read at its own horizon
+    assert ends["OA+MA"][0]["eval_success"][0] == 0.1 and curve["eval_success"][45] == 0.4  # warm start and input kept
+    assert m.averaged_ends(runs, m.Horizons(45), 1) == runs  # k = 1: the evaluation at the horizon
+    with pytest.raises(ValueError, match="short/seed-0 has fewer than 2 greedy evaluations after 0 up to 15"):
+        m.averaged_ends(runs, m.Horizons(45, "short", 15), 2)
+    assert m.last_evaluations(runs, 45, 2) == [30, 45]
+
+
+def test_the_report_reads_the_mean_of_the_last_evaluations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for seed, (mid, end) in enumerate([(0.4, 0.6), (0.3, 0.3)]):  # greedy gains +0.30 at the end, +0.20 over the last 2
+        d = tmp_path / "runs" / "OA+MA" / f"seed-{seed}"
+        d.mkdir(parents=True)
+        rows = [{"iteration": i, "eval_success": g, "eval_sampled_success": 0.5} for i, g in ((0, 0.2), (1, mid), (2, end))]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "r.md"
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--last", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "--last 2 --out" in text
+    assert ("its endpoint success, the mean of its last 2 evaluations up to its horizon** "
+            "(docs/experiments.md#the-metrics; for the horizon 2: iterations 1, 2)") in text
+    assert "| 0 | 0.200 | 0.500 | +0.300 | met |" in text  # (0.4 + 0.6) / 2 = 0.5
+    assert "| 1 | 0.200 | 0.300 | +0.100 | not met |" in text
+    assert "**greedy gain: +0.200 ±" in text
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--last", "3", "--out", str(out)]) == 2
+    assert "--last 3: OA+MA/seed-0 has fewer than 3 greedy evaluations after 0 up to 2" in capsys.readouterr().err
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--last", "0", "--out", str(out)]) == 2
+    assert "--last: expected a count of evaluations >= 1, got 0" in capsys.readouterr().err
+
+
 def test_an_empty_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _module().main([str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
     assert "no runs found" in capsys.readouterr().err
@@ -268,6 +304,8 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
       "--baseline", "terse, cap 20, 300 iterations", "--baseline-horizon", "300"]),
     ("learning-default-375-accounting", "2026-12-05-accounting-375",  # row+native, the baseline unless named
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "375", "--target", "long"]),
+    ("learning-default-375-last-3", "2026-12-05-accounting-375",  # the same runs, each end the mean of 3 evaluations
+     ["--preset", "configs/household-gigpo-oma-375.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
     ("learning-default-75-accounting", "2026-12-05-accounting-75",  # row+native, the baseline unless named
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "75"]),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target

@@ -498,7 +498,7 @@ def test_the_default_job_is_terse_text_the_training_cap_of_20_and_75_iterations(
     # the job its committed figures ran: the solo timings, and the pre-registered seeds 5-14 (evaluated every 15)
     for timed in ("2026-12-04-solo-timings/terse, cap 20, 75 iterations", "2026-12-04-solo-timings/terse, cap 20, 75 iterations, "
                   "timed again", "2026-12-04-solo-timings/terse, cap 20, 75 iterations, fresh clone",
-                  "2026-12-05-default-job-timing/oma train, fresh clone"):
+                  "2026-12-05-default-job-timing/oma train, fresh clone", "2026-12-05-default-job-timing/oma train, AMD EPYC"):
         [saved] = _evidence_configs(timed)
         assert config_diff(saved, to_dict(default), ignore=RUN_ONLY) == []
     for saved in _evidence_configs("2026-12-04-cap20-75/terse, cap 20, 75 iterations"):
@@ -553,6 +553,19 @@ def test_the_terse_preset_is_the_default_job_without_the_training_cap_for_45_ite
     # the default job's pre-registered study named its runs as overrides of this preset (docs/training.md)
     as_run = ["env.train_max_steps=20", "iterations=75", "eval_every=15", "out_dir=x"]
     assert load_config(preset, as_run) == load_config(None, as_run[2:])
+
+
+def test_the_375_preset_is_the_default_job_for_375_iterations_as_its_studies_ran():
+    preset = CONFIGS / "household-gigpo-oma-375.yaml"
+    long = load_config(preset)
+    assert (long.iterations, long.eval_every, long.out_dir) == (375, 15, "runs/household-gigpo-oma-375")
+    assert load_config(preset, ["iterations=75", "eval_every=75", "out_dir=x"]) == load_config(None, ["out_dir=x"])
+    verl_accounting = to_dict(load_config(preset, ["algo.accounting=row", "algo.mass=native"]))
+    for arm, expected in (("OA+MA", to_dict(long)), ("row+native", verl_accounting)):  # where and how they ran aside
+        for saved in _evidence_configs(f"2026-12-05-accounting-375/{arm}"):
+            assert config_diff(saved, expected, ignore=RUN_ONLY) == []
+    [timed] = _evidence_configs("2026-12-05-solo-375/the 375 preset, alone")
+    assert config_diff(timed, to_dict(long), ignore=RUN_ONLY) == [] and timed["threads"] == 2
 
 
 @pytest.mark.parametrize("name", ["household-grpo-baseline", "household-grpo-oma", "household-grpo-oma-long", "household-gspo-oma"])
