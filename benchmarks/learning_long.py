@@ -42,9 +42,9 @@ against the 15-iteration default job of 2026-12-04 on the same seeds):
         --horizon 45 --target default --baseline 'the default job' --baseline-horizon 15 --command TEXT \
         --out benchmarks/learning-default-terse-45.md
 
-One evaluation is a noisy reading of one run; ``--last K`` reads each run's end as its endpoint success, the
-mean of its last K evaluations up to its horizon (docs/experiments.md#the-metrics), instead (benchmarks/learning-default-375-last-3.md, the 375-iteration runs
-of both accountings read over their last 3 evaluations):
+One evaluation is a noisy reading of one run; ``--last K`` reads each run's end as its endpoint success
+instead, the mean of its last K evaluations up to its horizon (docs/experiments.md#the-metrics;
+benchmarks/learning-default-375-last-3.md, the 375-iteration runs of both accountings over their last 3):
 
     .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-accounting-375 \
         --preset configs/household-gigpo-oma-375.yaml --horizon 375 --last 3 --command TEXT \
@@ -224,8 +224,9 @@ def main(argv: list[str]) -> int:
            f"{args.baseline_horizon} − {unit} 0.")
         + ("" if args.last == 1 else
            f" **Each run's end is its endpoint success, the mean of its last {args.last} evaluations up to its "
-           f"horizon** (docs/experiments.md#the-metrics; for the horizon {args.horizon}: {unit}s {', '.join(map(str, last_evaluations(runs, args.horizon, args.last)))}), "
-           "in every table and the gains' plot; the learning curves show every evaluation."),
+           f"horizon** (docs/experiments.md#the-metrics; for the horizon {args.horizon}: {unit}s "
+           f"{', '.join(map(str, last_evaluations(runs, args.horizon, args.last)))}), in every table and the "
+           "gains' plot; the learning curves show every evaluation."),
         "",
     ]
     if len(runs) >= 2:
@@ -267,9 +268,12 @@ def main(argv: list[str]) -> int:
 
 def last_evaluations(runs: dict[str, dict[int, dict]], horizon: int, k: int) -> list[int]:
     """The evaluations :func:`averaged_ends` averages at ``horizon`` (for the report's header): those of the
-    first run evaluated there."""
-    curve = next(c["eval_success"] for seeds in runs.values() for c in seeds.values() if horizon in c["eval_success"])
-    return [int(i) for i in endpoint_iterations(sorted(curve), horizon, k)]
+    first run evaluated there; none when no run is (only a baseline read at its own horizon)."""
+    for seeds in runs.values():
+        for c in seeds.values():
+            if horizon in c["eval_success"]:
+                return [int(i) for i in endpoint_iterations(sorted(c["eval_success"]), horizon, k)]
+    return []
 
 
 def averaged_ends(runs: dict[str, dict[int, dict]], horizons: Horizons, k: int) -> dict[str, dict[int, dict]]:
