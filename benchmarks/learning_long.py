@@ -4,8 +4,9 @@ learning curves, of an `oma compare` folder or of runs trained one by one into t
 Run by hand after the runs (results committed in benchmarks/learning-long.md and
 benchmarks/learning-long-gigpo.md):
 
-    oma compare configs/household-grpo-oma-long.yaml --variants 2 --seeds 5 --jobs 2 --out runs/long-grpo
-    .venv/bin/python benchmarks/learning_long.py runs/long-grpo --out benchmarks/learning-long.md
+    oma compare configs/household-grpo-oma-long-2026-12-04.yaml --variants 2 --seeds 5 --jobs 2 --out runs/long-grpo
+    .venv/bin/python benchmarks/learning_long.py runs/long-grpo --preset configs/household-grpo-oma-long-2026-12-04.yaml \
+        --out benchmarks/learning-long.md
 
     oma train configs/household-gigpo-oma-long.yaml seed=K out_dir=runs/long-gigpo/OA+MA/seed-K
     oma train configs/household-gigpo-oma-long.yaml seed=K algo.accounting=row algo.mass=native \

@@ -568,7 +568,24 @@ def test_the_375_preset_is_the_default_job_for_375_iterations_as_its_studies_ran
     assert config_diff(timed, to_dict(long), ignore=RUN_ONLY) == [] and timed["threads"] == 2
 
 
-@pytest.mark.parametrize("name", ["household-grpo-baseline", "household-grpo-oma", "household-grpo-oma-long", "household-gspo-oma"])
+def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
+    """Target 2's preset: the default job for 375 iterations with GRPO's advantages; nothing else differs."""
+    preset = CONFIGS / "household-grpo-oma-long.yaml"
+    grpo = load_config(preset)
+    assert (grpo.algo.estimator, grpo.iterations, grpo.eval_every) == ("grpo", 375, 15)
+    assert (grpo.algo.accounting, grpo.algo.mass) == ("trajectory", "uniform")  # OA+MA, the default job's
+    assert load_config(preset, ["out_dir=x"]) == load_config(CONFIGS / "household-gigpo-oma-375.yaml",
+                                                             ["algo.estimator=grpo", "out_dir=x"])
+    verl_accounting = to_dict(load_config(preset, ["algo.accounting=row", "algo.mass=native"]))
+    for arm, expected in (("OA+MA", to_dict(grpo)), ("row+native", verl_accounting)):  # seeds 0-4, both arms
+        saved = _evidence_configs(f"2026-12-05-grpo-375/{arm}")
+        assert [s["seed"] for s in saved] == [0, 1, 2, 3, 4]
+        for one in saved:
+            assert config_diff(one, expected, ignore=RUN_ONLY) == [] and one["threads"] == 2
+
+
+@pytest.mark.parametrize("name", ["household-grpo-baseline", "household-grpo-oma", "household-grpo-oma-long-2026-12-04",
+                                  "household-gspo-oma"])
 def test_the_household_grpo_and_gspo_presets_train_to_the_environments_own_cap(name):
     """They were measured before the default job capped training episodes at 20; they keep household's 30."""
     cfg = load_config(CONFIGS / f"{name}.yaml")
