@@ -59,8 +59,9 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any])
 
 
 def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    extra: dict[str, Any]) -> Path:
-    """Write ``checkpoints/iter_{iteration:06d}`` atomically and point ``checkpoints/latest`` at it."""
+                    extra: dict[str, Any], ema: Any = None) -> Path:
+    """Write ``checkpoints/iter_{iteration:06d}`` atomically and point ``checkpoints/latest`` at it; with
+    ``ema`` (``oma.train.loop.WeightAverage``, the averaged weights of ``optim.ema``), also ``ema.safetensors``."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"iter_{iteration:06d}"
@@ -70,8 +71,10 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
         opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
         save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        if ema is not None:
+            save_file(ema.state_dict(), str(tmp / EMA_FILE))
         state = {"iteration": iteration, "optimizer": opt_meta, **extra,
-                 "sha256": {name: _sha256(tmp / name) for name in TENSOR_FILES}}
+                 "sha256": {name: _sha256(tmp / name) for name in _tensor_files(ema is not None)}}
         if hasattr(model, "index_state"):  # the tabular policy's index: JSON beside the tensors
             state["model_index"] = model.index_state()
         (tmp / "state.json").write_text(json.dumps(state))
@@ -86,6 +89,11 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
 
 
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+EMA_FILE = "ema.safetensors"
+
+
+def _tensor_files(with_ema: bool) -> tuple[str, ...]:
+    return TENSOR_FILES + ((EMA_FILE,) if with_ema else ())
 
 
 class CheckpointError(ValueError):
@@ -106,8 +114,9 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return ([named] if named in found else []) + [p for p in found if p != named]
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore model, optimizer and torch RNG from ``path``; return the JSON state.
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    ema: Any = None) -> dict[str, Any]:
+    """Restore model, optimizer, torch RNG (and ``ema``'s averaged weights) from ``path``; return the JSON state.
 
     Every file is checked (present, parseable, SHA-256 as saved) before anything is restored, so a
     :class:`CheckpointError` leaves the model and optimizer as they were.
@@ -116,7 +125,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         state = json.loads((path / "state.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint file {path / 'state.json'} is missing or corrupt ({e})") from None
-    for name in TENSOR_FILES:
+    for name in _tensor_files(ema is not None):
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"checkpoint file {file} is missing")
@@ -128,18 +137,21 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         load_model(model, str(path / "model.safetensors"))
         optimizer.load_state_dict(_unflatten_optimizer(load_file(str(path / "optimizer.safetensors")), state["optimizer"]))
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])
+        if ema is not None:
+            ema.load_state_dict(load_file(str(path / EMA_FILE)))
     except Exception as e:  # a checkpoint of another model, or one saved before checksums existed and damaged
         raise CheckpointError(f"checkpoint {path} cannot be loaded: {str(e).splitlines()[0]}") from None
     return state
 
 
-def resume_from_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, warn) -> dict[str, Any]:
+def resume_from_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, warn,
+                           ema: Any = None) -> dict[str, Any]:
     """Load the best usable checkpoint of ``run_dir`` (:func:`checkpoints`); each unusable one is reported
     through ``warn(message)`` and the one before it tried. CheckpointError when none is usable."""
     tried = []
     for path in checkpoints(run_dir):
         try:
-            return load_checkpoint(path, model, optimizer) | {"path": str(path)}
+            return load_checkpoint(path, model, optimizer, ema) | {"path": str(path)}
         except CheckpointError as e:
             warn(f"{e}; trying the checkpoint before it")
             tried.append(path.name)

@@ -198,6 +198,14 @@ class OptimConfig:
     """Optimizer steps per epoch; mini-batches hold whole trajectories."""
     micro_batch_rows: int = 64
     """Rows per forward/backward; gradients accumulate exactly (weights are per mini-batch)."""
+    ema: float = 0.0
+    """β of an exponential moving average of the weights, θ̄ ← β·θ̄ + (1 − β)·θ after every optimizer step,
+    starting at the warm start (Polyak averaging; Polyak & Juditsky 1992). 0 = off. When on, every
+    evaluation, the final table and ``summary.json`` measure the averaged policy θ̄, which is the run's
+    output; rollouts and updates use the live weights θ, so the PPO ratios are unchanged. Its memory is
+    one more copy of the weights; checkpoints keep θ̄ (``ema.safetensors``), so resuming is exact. A β of
+    0.9 averages about the last 10 steps (2.5 iterations at 4 mini-batches)
+    (docs/training.md#an-average-of-the-weights)."""
 
 
 @dataclass
@@ -283,6 +291,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"env.train_max_steps must be > 0 or null, got {cfg.env.train_max_steps}")
     if not 0.0 <= cfg.warm_start.noise <= 1.0:
         raise ConfigError(f"warm_start.noise must be in [0, 1], got {cfg.warm_start.noise}")
+    if not 0.0 <= cfg.optim.ema < 1.0:
+        raise ConfigError(f"optim.ema must be in [0, 1) (0 = off), got {cfg.optim.ema}")
     if not 0.0 <= cfg.algo.gamma <= 1.0:
         raise ConfigError(f"algo.gamma must be in [0, 1], got {cfg.algo.gamma}")
     if cfg.env.group_size < 2:
@@ -413,8 +423,14 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+ADDED_KEYS: dict[str, Any] = {"optim.ema": 0.0}
+"""Keys added after runs were saved, each with the value that does what the code did before it existed;
+:func:`config_diff` reads a saved config without the key as having that value."""
+
+
 def config_diff(saved: dict, now: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    """``key (saved X, now Y)`` for every dotted key whose value differs, ``ignore`` aside."""
-    a, b = _flat(json.loads(json.dumps(saved))), _flat(json.loads(json.dumps(now)))
+    """``key (saved X, now Y)`` for every dotted key whose value differs, ``ignore`` aside (a key of
+    :data:`ADDED_KEYS` missing from ``saved`` reads as its value before it existed)."""
+    a, b = {**ADDED_KEYS, **_flat(json.loads(json.dumps(saved)))}, _flat(json.loads(json.dumps(now)))
     return [f"{k} (saved {a.get(k)!r}, now {b.get(k)!r})" for k in sorted(set(a) | set(b))
             if k not in ignore and a.get(k) != b.get(k)]

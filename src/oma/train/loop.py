@@ -15,7 +15,8 @@ import copy
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from torch import Tensor
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 import oma.envs
 from oma.agent.policy import action_response_logprobs, allowed_rows, response_logprobs, unique_index
@@ -296,8 +298,60 @@ def make_optimizer(cfg: TrainConfig, params: list[Tensor]) -> torch.optim.Optimi
     return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=o.adam_eps)
 
 
-def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iteration: int) -> dict[str, float]:
-    """PPO epochs over mini-batches of whole trajectories; one optimizer step per mini-batch."""
+class WeightAverage:
+    """θ̄, an exponential moving average of a model's trainable weights (``optim.ema`` = β).
+
+    θ̄_0 = θ_0 (the warm start) and θ̄ ← β·θ̄ + (1 − β)·θ after every optimizer step, so after k steps
+
+        θ̄_k = β^k·θ_0 + (1 − β)·Σ_{j=1..k} β^(k−j)·θ_j
+
+    (Polyak averaging with exponential weights; Polyak & Juditsky 1992; ``torch.optim.swa_utils``'s EMA
+    step). About the last 1/(1 − β) steps carry most of the weight. β = 0 would be θ̄ = θ. The live
+    weights θ are what rollouts and updates use; :meth:`swapped_in` lends θ̄ to the model for an
+    evaluation (docs/training.md#an-average-of-the-weights).
+    """
+
+    def __init__(self, model: torch.nn.Module, beta: float) -> None:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.live = [p for _, p in named]
+        self.avg = [p.detach().clone() for p in self.live]
+        self._step = get_ema_multi_avg_fn(beta)
+
+    @torch.no_grad()
+    def update(self) -> None:
+        self._step(self.avg, [p.detach() for p in self.live], None)
+
+    @contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """The model holds θ̄ inside the block and its own θ again after it, bit for bit."""
+        kept = [p.detach().clone() for p in self.live]
+        with torch.no_grad():
+            for p, a in zip(self.live, self.avg):
+                p.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, k in zip(self.live, kept):
+                    p.copy_(k)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {n: a.contiguous() for n, a in zip(self.names, self.avg)}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if set(state) != set(self.names):
+            raise ValueError(f"the averaged weights hold {sorted(set(state) ^ set(self.names))[:3]}... "
+                             "which this model does not (or lacks them)")
+        with torch.no_grad():
+            for n, a in zip(self.names, self.avg):
+                a.copy_(state[n])
+
+
+def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iteration: int,
+           ema: WeightAverage | None = None) -> dict[str, float]:
+    """PPO epochs over mini-batches of whole trajectories; one optimizer step per mini-batch (then one
+    step of ``ema``, the averaged weights, when given)."""
     generator = _generator(cfg.seed, iteration, "minibatch")
     stats: list[dict[str, float]] = []
     model.train()
@@ -311,6 +365,8 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
                     "step was not taken. Lower optim.lr or check the rollouts' scores for inf/NaN.")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if ema is not None:
+                ema.update()
             stats.append(s)
     return {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
 
@@ -512,10 +568,11 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         # A frozen copy of the warm start: the KL penalty's reference, and the `kl_warm_start` diagnostic.
         ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 or cfg.log_kl_warm_start else None
         optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+        ema = WeightAverage(model, cfg.optim.ema) if cfg.optim.ema else None
         pad_id = tokenizer.pad_token_id if tokenizer is not None else 0  # the tabular policy has no tokenizer
         start = 0
         if resume:
-            state = resume_from_checkpoint(run_dir, model, optimizer, warn=lambda m: console.print(f"warning: {m}"))
+            state = resume_from_checkpoint(run_dir, model, optimizer, warn=lambda m: console.print(f"warning: {m}"), ema=ema)
             start = state["iteration"]
             keep_through(log.path, start)
             keep_through(run_dir / "samples.jsonl", start)
@@ -554,7 +611,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
 
             # ---- 3. update (Mass Alignment via algo.mass; exact micro-batch accumulation) --------
             t0 = time.perf_counter()
-            upd = update(model, optimizer, batch, cfg, pad_id, it)
+            upd = update(model, optimizer, batch, cfg, pad_id, it, ema)
             t_update = time.perf_counter() - t0
 
             # ---- 4. evaluate, log, dump, checkpoint ---------------------------------------------
@@ -565,13 +622,14 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                       "tokens_per_s": ro.generated_tokens / max(t_rollout, 1e-9),
                       "rows_per_s": len(rows) / max(t_rollout + t_adv + t_logp_ref + t_update, 1e-9)}
             if evaluating:
-                record.update(evaluate(cfg, make_env, model, tokenizer, it))
+                with ema.swapped_in() if ema is not None else nullcontext():  # the policy the run delivers
+                    record.update(evaluate(cfg, make_env, model, tokenizer, it))
             log.write(record)
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
             if cfg.dump_batches:
                 _dump_batch(run_dir, it, rows, scores, mask)
             if it % checkpoint_every == 0 or it == cfg.iterations:
-                save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)})
+                save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)}, ema)
             progress.update(rl, advance=1, description=(
                 f"RL it {it}: success {record['success']:.2f} rows/traj {record['rows_per_traj']:.1f} "
                 f"entropy {record['entropy']:.2f}"

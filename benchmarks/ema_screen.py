@@ -1,0 +1,138 @@
+"""The 5-seed screen of an average of the weights and of a larger learning rate (docs/training.md#an-average-of-the-weights).
+
+Reads DIR/<arm>/seed-K run folders trained with the screen's patch (``ema-screen.patch`` beside them),
+whose last evaluation also holds ``ema{β}_eval_success`` and ``ema{β}_eval_sampled_success``: the
+same 128 held-out tasks played by the exponential average of the run's weights (θ̄_0 = θ_0, so each
+average starts from the warm start's evaluation at iteration 0). Writes the gains (end − warm start)
+of the live weights and of each average, the averages' paired differences with the live weights of
+the same run, the arms' paired difference, and a forest plot (<out>-gains.png):
+
+    .venv/bin/python benchmarks/ema_screen.py benchmarks/evidence/2026-12-05-ema-lr-screen \\
+        --horizon 75 --baseline 'lr 3e-4' --out benchmarks/learning-default-ema-screen.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from oma.experiments.stats import Estimate, mean_ci, paired_diff
+
+MODES = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
+EMA_KEY = re.compile(r"^ema([0-9.]+)_eval_success$")
+
+
+def read_run(run_dir: Path, horizon: int) -> dict[str, dict[str, float]]:
+    """``{weights: {mode: gain}}`` for the live weights (``"live"``) and each average ``"EMA β"``."""
+    records = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    if horizon not in records or 0 not in records:
+        raise SystemExit(f"{run_dir}: no evaluation at iteration 0 and {horizon}")
+    start, end = records[0], records[horizon]
+    betas = sorted(m.group(1) for m in map(EMA_KEY.match, end) if m)
+    out = {"live": {mode: end[mode] - start[mode] for mode in MODES}}
+    for beta in betas:
+        out[f"EMA {beta}"] = {mode: end[f"ema{beta}_{mode}"] - start[mode] for mode in MODES}
+    return out
+
+
+def read_arms(root: Path, horizon: int) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
+    arms = {}
+    for arm in sorted(p for p in root.iterdir() if p.is_dir()):
+        seeds = sorted(arm.glob("seed-*"), key=lambda p: int(p.name.split("-")[1]))
+        arms[arm.name] = {int(s.name.split("-")[1]): read_run(s, horizon) for s in seeds}
+    return arms
+
+
+def fmt(e: Estimate) -> str:
+    return f"{e.mean:+.3f} ± {e.half_width:.3f}"
+
+
+def report(arms, horizon: int, baseline: str, command: str) -> tuple[str, list[tuple[str, str, Estimate]]]:
+    lines = [f"# Benchmark: an average of the weights, and a larger learning rate, in the default job (5-seed screen)",
+             "", f"Command: `{command}`", "",
+             f"Held-out success on 128 tasks at iteration {horizon}; each gain is end − the seed's warm start "
+             "(iteration 0), mean ± 95% Student-t CI half-width over seeds. An average's paired difference is "
+             "with the live weights of the same run, on the same tasks.", ""]
+    forest = []
+    for arm, runs in arms.items():
+        seeds = sorted(runs)
+        weights = list(runs[seeds[0]])
+        lines += [f"## {arm} (seeds {seeds[0]}–{seeds[-1]})", "",
+                  "| weights | greedy gain | sampled gain | greedy − live, paired | sampled − live, paired |",
+                  "|---|---:|---:|---:|---:|"]
+        for w in weights:
+            row = [w]
+            for mode in MODES:
+                row.append(fmt(mean_ci([runs[s][w][mode] for s in seeds])))
+            for mode in MODES:
+                if w == "live":
+                    row.append("")
+                    continue
+                d = paired_diff([runs[s][w][mode] for s in seeds], [runs[s]["live"][mode] for s in seeds])
+                row.append(fmt(d))
+                forest.append((arm, f"{w} − live, {MODES[mode]}", d))
+            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", "| seed | " + " | ".join(f"{w} greedy / sampled" for w in weights) + " |",
+                  "|---:|" + "---:|" * len(weights)]
+        for s in seeds:
+            lines.append(f"| {s} | " + " | ".join(
+                f"{runs[s][w]['eval_success']:+.3f} / {runs[s][w]['eval_sampled_success']:+.3f}" for w in weights) + " |")
+        lines.append("")
+    others = [a for a in arms if a != baseline]
+    if baseline in arms and others:
+        lines += [f"## The arms against {baseline}, live weights, paired by seed", "",
+                  "| arm | greedy − baseline | sampled − baseline |", "|---|---:|---:|"]
+        for arm in others:
+            common = sorted(set(arms[arm]) & set(arms[baseline]))
+            row = [arm]
+            for mode in MODES:
+                d = paired_diff([arms[arm][s]["live"][mode] for s in common],
+                                [arms[baseline][s]["live"][mode] for s in common])
+                row.append(fmt(d))
+                forest.append((arm, f"{arm} − {baseline}, {MODES[mode]}", d))
+            lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines), forest
+
+
+def plot(forest: list[tuple[str, str, Estimate]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.32 * len(forest) + 1.2))
+    for y, (arm, label, e) in enumerate(reversed(forest)):
+        ax.errorbar(e.mean, y, xerr=e.half_width, fmt="o", color="C0" if "greedy" in label else "C1", capsize=3)
+    ax.set_yticks(range(len(forest)), [f"{arm}: {label}" for arm, label, _ in reversed(forest)], fontsize=7)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_xlabel("paired difference in held-out success (mean ± 95% CI)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs_dir")
+    p.add_argument("--horizon", type=int, default=75)
+    p.add_argument("--baseline", default="lr 3e-4", help="the arm the others are compared with")
+    p.add_argument("--out", default="benchmarks/learning-default-ema-screen.md")
+    p.add_argument("--command", default="OMA_SCREEN_EMA=0.9,0.97,0.99 oma train seed=K [optim.lr=0.0005] "
+                                        "warm_start.cache_dir=<the seed's warm start> (ema-screen.patch applied)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    text, forest = report(read_arms(Path(args.runs_dir), args.horizon), args.horizon, args.baseline, args.command)
+    png = out.with_name(out.stem + "-gains.png")
+    text += f"\n![paired differences]({png.name})\n"
+    out.write_text(text)
+    plot(forest, png)
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
