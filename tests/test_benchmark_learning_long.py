@@ -298,6 +298,8 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
     ("learning-default-fast", "2026-12-04-fast", _terse_against(60)),
     ("learning-default-fast-vs-terse-45", "2026-12-04-fast-vs-terse-45", _terse_against(60, "terse, 45 iterations", 45)),
     ("learning-default-cap20-75", "2026-12-04-cap20-75", _terse_against(75)),
+    ("learning-default-ema", "2026-12-05-default-ema-15-24",  # the default job with its average, seeds 15-24
+     ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "75"]),
     ("learning-default-cap20-75-pooled", "2026-12-04-cap20-75-pooled", _terse_against(75)),
     ("learning-default-cap20-375", "2026-12-05-cap20-375",  # judged by the long preset's per-run target
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "375", "--target", "long",

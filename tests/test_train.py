@@ -479,6 +479,8 @@ def test_the_default_job_is_oma_train_with_no_arguments():
 
 
 PREVIOUS_DEFAULT = CONFIGS / "household-gigpo-oma-2026-12-04.yaml"
+CAP20 = CONFIGS / "household-gigpo-oma-cap20.yaml"
+"""The default job before its average of the weights (``optim.ema``): what its studies of 2026-12-04/05 ran."""
 EVIDENCE = CONFIGS.parent / "benchmarks" / "evidence"
 RUN_ONLY = ("out_dir", "seed", "threads", "tensorboard", "warm_start.cache_dir")
 """Keys that name where and how a run ran, not the job."""
@@ -490,11 +492,22 @@ def _evidence_configs(folder: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]
 
 
-def test_the_default_job_is_terse_text_the_training_cap_of_20_and_75_iterations():
+def test_the_default_job_is_the_capped_terse_job_with_an_average_of_its_weights():
     default = load_config(None)
+    assert default.optim.ema == 0.97
+    assert load_config(None, ["optim.ema=0", "out_dir=runs/household-gigpo-oma-cap20"]) == load_config(CAP20)
+    # its pre-registered study ran exactly it: fresh seeds 15-24, 2 threads, each from an empty warm-start cache
+    saved = _evidence_configs("2026-12-05-default-ema-15-24/the default job")
+    assert sorted(s["seed"] for s in saved) == list(range(15, 25))
+    for one in saved:
+        assert config_diff(one, to_dict(default), ignore=RUN_ONLY) == [] and one["threads"] == 2
+
+
+def test_the_cap20_preset_is_terse_text_the_training_cap_of_20_and_75_iterations():
+    default = load_config(CAP20)
     assert default.env.options == {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True,
                                    "text": "terse"}
-    assert (default.env.train_max_steps, default.iterations, default.eval_every) == (20, 75, 75)
+    assert (default.env.train_max_steps, default.iterations, default.eval_every, default.optim.ema) == (20, 75, 75, 0.0)
     # the job its committed figures ran: the solo timings, and the pre-registered seeds 5-14 (evaluated every 15)
     for timed in ("2026-12-04-solo-timings/terse, cap 20, 75 iterations", "2026-12-04-solo-timings/terse, cap 20, 75 iterations, "
                   "timed again", "2026-12-04-solo-timings/terse, cap 20, 75 iterations, fresh clone",
@@ -504,7 +517,7 @@ def test_the_default_job_is_terse_text_the_training_cap_of_20_and_75_iterations(
     for saved in _evidence_configs("2026-12-04-cap20-75/terse, cap 20, 75 iterations"):
         assert config_diff(saved, to_dict(default), ignore=(*RUN_ONLY, "eval_every")) == []
         assert saved["eval_every"] == 15
-    verl_accounting = to_dict(load_config(None, ["algo.accounting=row", "algo.mass=native"]))
+    verl_accounting = to_dict(load_config(CAP20, ["algo.accounting=row", "algo.mass=native"]))
     for saved in _evidence_configs("2026-12-05-accounting-75/row+native"):  # its study under verl's accounting
         assert config_diff(saved, verl_accounting, ignore=(*RUN_ONLY, "eval_every")) == []
     for saved in _evidence_configs("2026-12-05-accounting-375/row+native"):  # and for 375 iterations
@@ -517,7 +530,7 @@ def test_the_dated_preset_is_the_default_job_of_2026_12_04():
     previous = load_config(PREVIOUS_DEFAULT)
     assert previous.env.options == {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True}
     assert (previous.env.train_max_steps, previous.iterations, previous.eval_every) == (None, 15, 15)
-    back = load_config(None, ["env.train_max_steps=null", "iterations=15", "eval_every=15", "out_dir=x"])
+    back = load_config(None, ["env.train_max_steps=null", "iterations=15", "eval_every=15", "optim.ema=0", "out_dir=x"])
     del back.env.options["text"]  # household's own default, alfworld; no key, as its runs' warm-start cache keys had
     assert load_config(PREVIOUS_DEFAULT, ["out_dir=x"]) == back  # nothing else differs
     for saved in _evidence_configs("2026-12-04-15-seeds/the default job"):  # its 15-seed study ran exactly it
@@ -545,21 +558,21 @@ def test_the_terse_preset_is_the_default_job_without_the_training_cap_for_45_ite
     preset = CONFIGS / "household-gigpo-oma-terse.yaml"
     terse = load_config(preset)
     assert (terse.env.options["text"], terse.env.train_max_steps, terse.iterations, terse.eval_every) == ("terse", None, 45, 45)
-    back = ["env.train_max_steps=20", "iterations=75", "eval_every=75", "out_dir=runs/household-gigpo-oma"]
-    assert load_config(preset, back) == load_config(None)  # nothing else differs
+    back = ["env.train_max_steps=20", "iterations=75", "eval_every=75", "out_dir=runs/household-gigpo-oma-cap20"]
+    assert load_config(preset, back) == load_config(CAP20)  # nothing else differs
     # = the previous default job with terse text (its study's description)
     assert load_config(preset, ["out_dir=x"]) == load_config(PREVIOUS_DEFAULT, ["env.options.text=terse", "iterations=45",
                                                                                  "eval_every=45", "out_dir=x"])
     # the default job's pre-registered study named its runs as overrides of this preset (docs/training.md)
     as_run = ["env.train_max_steps=20", "iterations=75", "eval_every=15", "out_dir=x"]
-    assert load_config(preset, as_run) == load_config(None, as_run[2:])
+    assert load_config(preset, as_run) == load_config(CAP20, as_run[2:])
 
 
 def test_the_375_preset_is_the_default_job_for_375_iterations_as_its_studies_ran():
     preset = CONFIGS / "household-gigpo-oma-375.yaml"
     long = load_config(preset)
     assert (long.iterations, long.eval_every, long.out_dir) == (375, 15, "runs/household-gigpo-oma-375")
-    assert load_config(preset, ["iterations=75", "eval_every=75", "out_dir=x"]) == load_config(None, ["out_dir=x"])
+    assert load_config(preset, ["iterations=75", "eval_every=75", "out_dir=x"]) == load_config(CAP20, ["out_dir=x"])
     verl_accounting = to_dict(load_config(preset, ["algo.accounting=row", "algo.mass=native"]))
     for arm, expected in (("OA+MA", to_dict(long)), ("row+native", verl_accounting)):  # where and how they ran aside
         for saved in _evidence_configs(f"2026-12-05-accounting-375/{arm}"):

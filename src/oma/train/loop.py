@@ -341,8 +341,8 @@ class WeightAverage:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         if set(state) != set(self.names):
-            raise ValueError(f"the averaged weights hold {sorted(set(state) ^ set(self.names))[:3]}... "
-                             "which this model does not (or lacks them)")
+            raise ValueError(f"the averaged weights do not match the model: missing {sorted(set(self.names) - set(state))[:3]}, "
+                             f"unexpected {sorted(set(state) - set(self.names))[:3]}")
         with torch.no_grad():
             for n, a in zip(self.names, self.avg):
                 a.copy_(state[n])
