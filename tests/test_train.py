@@ -497,6 +497,8 @@ def test_the_default_job_is_the_capped_terse_job_with_an_average_of_its_weights(
     assert default.optim.ema == 0.97
     assert load_config(None, ["optim.ema=0", "out_dir=runs/household-gigpo-oma-cap20"]) == load_config(CAP20)
     # its pre-registered study ran exactly it: fresh seeds 15-24, 2 threads, each from an empty warm-start cache
+    [timed] = _evidence_configs("2026-12-05-default-job-timing/oma train with its average, fresh clone")
+    assert config_diff(timed, to_dict(default), ignore=("warm_start.cache_dir",)) == []  # `oma train`, nothing else
     saved = _evidence_configs("2026-12-05-default-ema-15-24/the default job")
     assert sorted(s["seed"] for s in saved) == list(range(15, 25))
     for one in saved:
