@@ -27,7 +27,8 @@ EMA_KEY = re.compile(r"^ema([0-9.]+)_eval_success$")
 
 def read_run(run_dir: Path, horizon: int) -> dict[str, dict[str, float]]:
     """``{weights: {mode: gain}}`` for the live weights (``"live"``) and each average ``"EMA β"``."""
-    records = {r["iteration"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = {r["iteration"]: r for r in map(json.loads, filter(str.strip, lines))}
     if horizon not in records or 0 not in records:
         raise SystemExit(f"{run_dir}: no evaluation at iteration 0 and {horizon}")
     start, end = records[0], records[horizon]
@@ -46,10 +47,6 @@ def read_arms(root: Path, horizon: int) -> dict[str, dict[int, dict[str, dict[st
     return arms
 
 
-def fmt(e: Estimate) -> str:
-    return f"{e.mean:+.3f} ± {e.half_width:.3f}"
-
-
 def report(arms, horizon: int, baseline: str, command: str) -> tuple[str, list[tuple[str, str, Estimate]]]:
     lines = [f"# Benchmark: an average of the weights, and a larger learning rate, in the default job (5-seed screen)",
              "", f"Command: `{command}`", "",
@@ -66,13 +63,13 @@ def report(arms, horizon: int, baseline: str, command: str) -> tuple[str, list[t
         for w in weights:
             row = [w]
             for mode in MODES:
-                row.append(fmt(mean_ci([runs[s][w][mode] for s in seeds])))
+                row.append(str(mean_ci([runs[s][w][mode] for s in seeds])))
             for mode in MODES:
                 if w == "live":
                     row.append("")
                     continue
                 d = paired_diff([runs[s][w][mode] for s in seeds], [runs[s]["live"][mode] for s in seeds])
-                row.append(fmt(d))
+                row.append(str(d))
                 forest.append((arm, f"{w} − live, {MODES[mode]}", d))
             lines.append("| " + " | ".join(row) + " |")
         lines += ["", "| seed | " + " | ".join(f"{w} greedy / sampled" for w in weights) + " |",
@@ -91,7 +88,7 @@ def report(arms, horizon: int, baseline: str, command: str) -> tuple[str, list[t
             for mode in MODES:
                 d = paired_diff([arms[arm][s]["live"][mode] for s in common],
                                 [arms[baseline][s]["live"][mode] for s in common])
-                row.append(fmt(d))
+                row.append(str(d))
                 forest.append((arm, f"{arm} − {baseline}, {MODES[mode]}", d))
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")

@@ -342,11 +342,11 @@ def summary(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str)
     lines = ["## Summary", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for variant in _ranked(runs, horizons, baseline):
         a = runs[variant]
-        cells = [_cell(mean_ci(seed_gains(a, m, horizons[variant]))) for m in METRICS]
+        cells = [str(mean_ci(seed_gains(a, m, horizons[variant]))) for m in METRICS]
         if b is not None:
             shared = sorted(set(a) & set(b)) if variant != baseline else []
-            cells += [_cell(paired_diff(seed_gains(a, m, horizons[variant], shared),
-                                        seed_gains(b, m, horizons[baseline], shared)))
+            cells += [str(paired_diff(seed_gains(a, m, horizons[variant], shared),
+                                      seed_gains(b, m, horizons[baseline], shared)))
                       if len(shared) >= 2 else "" for m in METRICS]
         lines.append(f"| {variant} | {', '.join(map(str, sorted(a)))} | " + " | ".join(cells) + " |")
     return lines + [""]
@@ -357,10 +357,6 @@ def _ranked(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str)
     def key(v: str) -> tuple[bool, float]:
         return v != baseline, -mean_ci(seed_gains(runs[v], "eval_success", horizons[v])).mean
     return sorted(runs, key=key)
-
-
-def _cell(e: Estimate) -> str:
-    return f"{e.mean:+.3f} (one seed)" if e.n < 2 else f"{e.mean:+.3f} ± {e.half_width:.3f}"
 
 
 def forest(runs: dict[str, dict[int, dict]], path: Path, horizons: Horizons, baseline: str, target: float,

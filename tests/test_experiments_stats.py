@@ -181,3 +181,8 @@ def test_holm_equals_adjusted_p_values_and_lies_between_bonferroni_and_uncorrect
     perm = list(range(len(ps)))
     rng.shuffle(perm)
     assert holm([ps[i] for i in perm], alpha) == [got[i] for i in perm]  # order of the tests does not matter
+
+
+def test_an_estimate_reads_as_the_reports_write_it():
+    assert str(mean_ci([1.0, 2.0, 3.0])) == "+2.000 ± 2.484"  # t(0.975, 2) · 1/√3 = 4.303 · 0.577
+    assert str(mean_ci([-0.25])) == "-0.250 (one seed)"  # no interval from one sample

@@ -208,6 +208,10 @@ class Estimate:
     level: float = 0.95
     p: float = math.nan
 
+    def __str__(self) -> str:
+        """``+0.122 ± 0.035`` as the reports write it; ``+0.122 (one seed)`` when there is no interval."""
+        return f"{self.mean:+.3f} (one seed)" if self.n < 2 else f"{self.mean:+.3f} ± {self.half_width:.3f}"
+
     @property
     def lo(self) -> float:
         return self.mean - self.half_width
