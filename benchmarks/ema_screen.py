@@ -9,6 +9,17 @@ the same run, the arms' paired difference, and a forest plot (<out>-gains.png):
 
     .venv/bin/python benchmarks/ema_screen.py benchmarks/evidence/2026-12-05-ema-lr-screen \\
         --horizon 75 --baseline 'lr 3e-4' --out benchmarks/learning-default-ema-screen.md
+
+With ``--live LIVE``, each run of DIR was trained with ``optim.ema`` = β (its config.json), so its own
+evaluations are the average's, and LIVE/<arm>/seed-K is the same run's training without the average
+(an average started at a checkpoint of it, benchmarks/start_average.py): its evaluations are the live
+weights'. The two runs' training metrics must be equal at every iteration both hold, or the pairing is
+refused. ``--pool`` adds each average's paired difference over every run of every arm
+(benchmarks/learning-grpo-375-ema-vs-live.md):
+
+    .venv/bin/python benchmarks/ema_screen.py benchmarks/evidence/2026-12-05-grpo-375-ema \\
+        --live benchmarks/evidence/2026-12-05-grpo-375 --horizon 375 --baseline row+native --pool \\
+        --title TEXT --command TEXT --out benchmarks/learning-grpo-375-ema-vs-live.md
 """
 
 from __future__ import annotations
@@ -25,30 +36,61 @@ MODES = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
 EMA_KEY = re.compile(r"^ema([0-9.]+)_eval_success$")
 
 
-def read_run(run_dir: Path, horizon: int) -> dict[str, dict[str, float]]:
-    """``{weights: {mode: gain}}`` for the live weights (``"live"``) and each average ``"EMA β"``."""
+NOT_TRAINING = ("time_", "tokens_per_s", "rows_per_s", "eval_", "warm_start")
+"""Record keys that are not training: timings, evaluations and the warm start's bookkeeping."""
+
+
+def _records(run_dir: Path, horizon: int) -> dict[int, dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = {r["iteration"]: r for r in map(json.loads, filter(str.strip, lines))}
     if horizon not in records or 0 not in records:
         raise SystemExit(f"{run_dir}: no evaluation at iteration 0 and {horizon}")
+    return records
+
+
+def _training(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith(NOT_TRAINING)}
+
+
+def read_run(run_dir: Path, horizon: int, live_dir: Path | None = None) -> dict[str, dict[str, float]]:
+    """``{weights: {mode: gain}}`` for the live weights (``"live"``) and each average ``"EMA β"``: read from
+    one run's ``ema{β}_*`` keys, or with ``live_dir`` from two runs of the same training (module docstring)."""
+    records = _records(run_dir, horizon)
     start, end = records[0], records[horizon]
-    betas = sorted(m.group(1) for m in map(EMA_KEY.match, end) if m)
-    out = {"live": {mode: end[mode] - start[mode] for mode in MODES}}
-    for beta in betas:
-        out[f"EMA {beta}"] = {mode: end[f"ema{beta}_{mode}"] - start[mode] for mode in MODES}
-    return out
+    if live_dir is None:
+        betas = sorted(m.group(1) for m in map(EMA_KEY.match, end) if m)
+        out = {"live": {mode: end[mode] - start[mode] for mode in MODES}}
+        for beta in betas:
+            out[f"EMA {beta}"] = {mode: end[f"ema{beta}_{mode}"] - start[mode] for mode in MODES}
+        return out
+    beta = json.loads((run_dir / "config.json").read_text())["optim"].get("ema", 0.0)
+    if not beta:
+        raise SystemExit(f"{run_dir}: optim.ema is 0 in its config.json; --live pairs runs that average their weights")
+    live = _records(live_dir, horizon)
+    for it in sorted(set(records) & set(live)):
+        if _training(records[it]) != _training(live[it]):
+            raise SystemExit(f"{run_dir} and {live_dir} trained differently (iteration {it}); they cannot be paired")
+    if any(start[mode] != live[0][mode] for mode in MODES):
+        raise SystemExit(f"{run_dir} and {live_dir} start from different warm starts (iteration 0's evaluations)")
+    return {"live": {mode: live[horizon][mode] - start[mode] for mode in MODES},
+            f"EMA {beta}": {mode: end[mode] - start[mode] for mode in MODES}}
 
 
-def read_arms(root: Path, horizon: int) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
+def read_arms(root: Path, horizon: int, live_root: Path | None = None) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
     arms = {}
     for arm in sorted(p for p in root.iterdir() if p.is_dir()):
         seeds = sorted(arm.glob("seed-*"), key=lambda p: int(p.name.split("-")[1]))
-        arms[arm.name] = {int(s.name.split("-")[1]): read_run(s, horizon) for s in seeds}
+        arms[arm.name] = {int(s.name.split("-")[1]): read_run(s, horizon, live_root and live_root / arm.name / s.name)
+                          for s in seeds}
     return arms
 
 
-def report(arms, horizon: int, baseline: str, command: str) -> tuple[str, list[tuple[str, str, Estimate]]]:
-    lines = [f"# Benchmark: an average of the weights, and a larger learning rate, in the default job (5-seed screen)",
+TITLE = "an average of the weights, and a larger learning rate, in the default job (5-seed screen)"
+
+
+def report(arms, horizon: int, baseline: str, command: str, title: str = TITLE,
+           pool: bool = False) -> tuple[str, list[tuple[str, str, Estimate]]]:
+    lines = [f"# Benchmark: {title}",
              "", f"Command: `{command}`", "",
              f"Held-out success on 128 tasks at iteration {horizon}; each gain is end − the seed's warm start "
              "(iteration 0), mean ± 95% Student-t CI half-width over seeds. An average's paired difference is "
@@ -77,6 +119,19 @@ def report(arms, horizon: int, baseline: str, command: str) -> tuple[str, list[t
         for s in seeds:
             lines.append(f"| {s} | " + " | ".join(
                 f"{runs[s][w]['eval_success']:+.3f} / {runs[s][w]['eval_sampled_success']:+.3f}" for w in weights) + " |")
+        lines.append("")
+    if pool:
+        every = [(arm, s) for arm, runs in arms.items() for s in sorted(runs)]
+        averages = [w for w in next(iter(arms.values()))[every[0][1]] if w != "live"]
+        lines += [f"## Every arm's runs pooled ({len(every)} runs)", "",
+                  "| weights | greedy − live, paired | sampled − live, paired |", "|---|---:|---:|"]
+        for w in averages:
+            row = [w]
+            for mode in MODES:
+                d = paired_diff([arms[a][s][w][mode] for a, s in every], [arms[a][s]["live"][mode] for a, s in every])
+                row.append(str(d))
+                forest.append(("pooled", f"{w} − live, {MODES[mode]}", d))
+            lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     others = [a for a in arms if a != baseline]
     if baseline in arms and others:
@@ -120,9 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/learning-default-ema-screen.md")
     p.add_argument("--command", default="OMA_SCREEN_EMA=0.9,0.97,0.99 oma train seed=K [optim.lr=0.0005] "
                                         "warm_start.cache_dir=<the seed's warm start> (ema-screen.patch applied)")
+    p.add_argument("--live", help="LIVE/<arm>/seed-K: the same runs' training without the average (module docstring)")
+    p.add_argument("--pool", action="store_true", help="also pair each average with the live weights over every arm's runs")
+    p.add_argument("--title", default=TITLE)
     args = p.parse_args(argv)
     out = Path(args.out)
-    text, forest = report(read_arms(Path(args.runs_dir), args.horizon), args.horizon, args.baseline, args.command)
+    arms = read_arms(Path(args.runs_dir), args.horizon, Path(args.live) if args.live else None)
+    text, forest = report(arms, args.horizon, args.baseline, args.command, args.title, args.pool)
     png = out.with_name(out.stem + "-gains.png")
     text += f"\n![paired differences]({png.name})\n"
     out.write_text(text)

@@ -43,14 +43,69 @@ def test_a_run_without_the_horizon_is_refused(tmp_path: Path) -> None:
         _module().read_arms(tmp_path, 75)
 
 
-def test_the_committed_page_is_what_its_committed_runs_give(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[1] / "benchmarks"
-    out = tmp_path / "page.md"
-    assert _module().main([str(root / "evidence" / "2026-12-05-ema-lr-screen"), "--out", str(out)]) == 0
-    def body(text: str) -> list[str]:  # the image line names the output's own file
-        return [ln for ln in text.splitlines() if not ln.startswith("![")]
+GRPO_375 = ["--live", "benchmarks/evidence/2026-12-05-grpo-375", "--horizon", "375", "--baseline", "row+native", "--pool",
+            "--title", "an average of the weights in target 2's preset (GRPO, 375 iterations), started at iteration 275, "
+                       "against the live weights of the same runs"]
 
-    committed = body((root / "learning-default-ema-screen.md").read_text())
+
+@pytest.mark.parametrize("page, evidence, extra", [
+    ("learning-default-ema-screen", "2026-12-05-ema-lr-screen", []),
+    # target 2's preset averaging from iteration 275, paired with the same runs' live weights
+    ("learning-grpo-375-ema-vs-live", "2026-12-05-grpo-375-ema", GRPO_375),
+])
+def test_the_committed_page_is_what_its_committed_runs_give(tmp_path: Path, monkeypatch, page: str, evidence: str,
+                                                           extra: list[str]) -> None:
+    root = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.chdir(root.parent)  # --live names a folder relative to the repository
+    out = tmp_path / "page.md"
+    assert _module().main([str(root / "evidence" / evidence), *extra, "--out", str(out)]) == 0
+
+    def body(text: str) -> list[str]:  # the image line names the output's own file; the command is its description
+        return [ln for ln in text.splitlines() if not ln.startswith(("![", "Command: "))]
+
+    committed = body((root / f"{page}.md").read_text())
     assert sum(ln.startswith("| ") for ln in committed) > 20
     assert body(out.read_text()) == committed
     assert (tmp_path / "page-gains.png").stat().st_size > 0
+
+
+def _pair(root: Path, arm: str, seed: int, start: float, live: float, ema: float, beta: float = 0.5,
+          live_start: float | None = None) -> None:
+    """AVG/<arm>/seed-K trained with optim.ema = beta and LIVE/<arm>/seed-K, the same training without it."""
+    for side, end, first, b in (("avg", ema, start, beta), ("live", live, start if live_start is None else live_start, 0.0)):
+        d = root / side / arm / f"seed-{seed}"
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"optim": {"ema": b}}))
+        rows = [{"iteration": 0, "eval_success": first, "eval_sampled_success": first, "warm_start": {"cached": side == "avg"}},
+                {"iteration": 1, "loss": 1.0, "time_update": 0.1 if side == "avg" else 0.2},
+                {"iteration": 2, "loss": 0.5, "eval_success": end, "eval_sampled_success": end / 2}]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
+def test_an_average_paired_with_its_runs_live_weights_by_hand(tmp_path: Path) -> None:
+    _pair(tmp_path, "a", 0, 0.25, 0.5, 0.75)
+    _pair(tmp_path, "a", 1, 0.5, 0.5, 0.5)
+    _pair(tmp_path, "b", 0, 0.25, 0.75, 0.75)
+    arms = _module().read_arms(tmp_path / "avg", 2, tmp_path / "live")
+    # greedy gains from the shared warm start: live 0.5 − 0.25, the average's 0.75 − 0.25; sampled = end/2 − start
+    assert arms["a"][0] == {"live": {"eval_success": 0.25, "eval_sampled_success": 0.0},
+                            "EMA 0.5": {"eval_success": 0.5, "eval_sampled_success": 0.125}}
+    text, forest = _module().report(arms, 2, "a", "CMD", "T", pool=True)
+    assert text.startswith("# Benchmark: T\n")
+    # pooled over 3 runs, greedy: differences 0.25, 0, 0 → mean 0.0833, s = 0.1443, t(0.975, 2) = 4.303 → ± 0.359
+    assert "## Every arm's runs pooled (3 runs)" in text
+    assert "| EMA 0.5 | +0.083 ± 0.359 | +0.042 ± 0.179 |" in text
+    assert [label for arm, label, _ in forest if arm == "pooled"] == ["EMA 0.5 − live, greedy", "EMA 0.5 − live, sampled"]
+
+
+@pytest.mark.parametrize("bad, message", [({"loss": 2.0}, "trained differently .iteration 1."),
+                                          ({"beta": 0.0}, "optim.ema is 0"),
+                                          ({"live_start": 0.5}, "different warm starts")])
+def test_runs_that_are_not_one_training_are_not_paired(tmp_path: Path, bad: dict, message: str) -> None:
+    args = {"beta": 0.5, "live_start": None} | bad
+    _pair(tmp_path, "a", 0, 0.25, 0.5, 0.75, beta=args["beta"], live_start=args["live_start"])
+    if "loss" in bad:  # the average's run took another update at iteration 1
+        d = tmp_path / "avg" / "a" / "seed-0" / "metrics.jsonl"
+        d.write_text(d.read_text().replace('"loss": 1.0', '"loss": 2.0'))
+    with pytest.raises(SystemExit, match=message):
+        _module().read_arms(tmp_path / "avg", 2, tmp_path / "live")

@@ -312,6 +312,10 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-last-3", "2026-12-05-grpo-375",  # the same runs, each end the mean of 3 evaluations
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
+    ("learning-grpo-375-ema", "2026-12-05-grpo-375-ema",  # the same runs, averaging their weights from 275
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+    ("learning-grpo-375-ema-last-3", "2026-12-05-grpo-375-ema",
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
     ("learning-default-75-accounting", "2026-12-05-accounting-75",  # row+native, the baseline unless named
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "75"]),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target

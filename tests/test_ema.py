@@ -147,3 +147,18 @@ def test_a_config_saved_before_the_option_existed_reads_as_without_it():
     del saved["optim"]["ema"]  # as every config.json written before optim.ema existed
     assert config_diff(saved, to_dict(load_config(None, ["optim.ema=0"]))) == []
     assert config_diff(saved, to_dict(load_config(None, ["optim.ema=0.97"]))) == ["optim.ema (saved 0.0, now 0.97)"]
+
+
+def test_a_run_saved_before_the_option_existed_loads_without_it(tmp_path):
+    from oma.train.config import load_run_config, to_dict
+
+    saved = to_dict(load_config(None, ["optim.ema=0", "seed=3"]))
+    del saved["optim"]["ema"]  # as every config.json written before optim.ema existed
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    cfg = load_run_config(tmp_path)
+    assert (cfg.optim.ema, cfg.seed) == (0.0, 3)  # not today's default, 0.97
+    saved["optim"]["ema"] = 0.5
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert load_run_config(tmp_path).optim.ema == 0.5
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_run_config(tmp_path / "nowhere")

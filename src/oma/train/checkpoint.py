@@ -74,7 +74,7 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
         if ema is not None:
             save_file(ema.state_dict(), str(tmp / EMA_FILE))
         state = {"iteration": iteration, "optimizer": opt_meta, **extra,
-                 "sha256": {name: _sha256(tmp / name) for name in _tensor_files(ema is not None)}}
+                 "sha256": {name: sha256_file(tmp / name) for name in _tensor_files(ema is not None)}}
         if hasattr(model, "index_state"):  # the tabular policy's index: JSON beside the tensors
             state["model_index"] = model.index_state()
         (tmp / "state.json").write_text(json.dumps(state))
@@ -100,7 +100,8 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file."""
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file's bytes, as a checkpoint's ``state.json`` records each of its tensor files'."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -129,7 +130,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"checkpoint file {file} is missing")
-        if "sha256" in state and _sha256(file) != state["sha256"][name]:
+        if "sha256" in state and sha256_file(file) != state["sha256"][name]:
             raise CheckpointError(f"checkpoint file {file} is corrupt (its SHA-256 differs from the saved one)")
     try:
         if hasattr(model, "index_state"):

@@ -428,6 +428,16 @@ ADDED_KEYS: dict[str, Any] = {"optim.ema": 0.0}
 :func:`config_diff` reads a saved config without the key as having that value."""
 
 
+def load_run_config(run_dir: str | Path) -> TrainConfig:
+    """The config a run folder was trained with (its ``config.json``), validated; a key of
+    :data:`ADDED_KEYS` missing from it reads as its value before it existed, not as today's default."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a run folder (no config.json)")
+    saved = _flat(json.loads(path.read_text()))
+    return load_config(path, [f"{k}={v}" for k, v in ADDED_KEYS.items() if k not in saved])
+
+
 def config_diff(saved: dict, now: dict, ignore: tuple[str, ...] = ()) -> list[str]:
     """``key (saved X, now Y)`` for every dotted key whose value differs, ``ignore`` aside (a key of
     :data:`ADDED_KEYS` missing from ``saved`` reads as its value before it existed)."""

@@ -509,6 +509,18 @@ class MetricsLog:
         return read_metrics(self.path.parent)
 
 
+def trainable_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Progress | None = None):
+    """(model, tokenizer, warm-start info): the warm start (:func:`build_policy`) in the form RL trains it,
+    with LoRA adapters on every linear layer when ``policy.lora_r`` > 0, so a checkpoint loads into it."""
+    model, tokenizer, ws_info = build_policy(cfg, make_env, progress)
+    if cfg.policy.lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=cfg.policy.lora_r, lora_alpha=cfg.policy.lora_alpha,
+                                                 target_modules="all-linear", lora_dropout=0.0))
+    return model, tokenizer, ws_info
+
+
 def _check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
     if not (run_dir / "config.json").is_file():
         raise ConfigError(f"--resume: {run_dir} is not a run directory (no config.json); check out_dir")
@@ -559,12 +571,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=False)
     with progress:
-        model, tokenizer, ws_info = build_policy(cfg, make_env, progress)
-        if cfg.policy.lora_r > 0:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(model, LoraConfig(r=cfg.policy.lora_r, lora_alpha=cfg.policy.lora_alpha,
-                                                     target_modules="all-linear", lora_dropout=0.0))
+        model, tokenizer, ws_info = trainable_policy(cfg, make_env, progress)
         # A frozen copy of the warm start: the KL penalty's reference, and the `kl_warm_start` diagnostic.
         ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 or cfg.log_kl_warm_start else None
         optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
