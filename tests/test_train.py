@@ -401,6 +401,28 @@ def test_resume_gives_identical_metrics(tmp_path):
     a = load_file(str(tmp_path / "straight" / "checkpoints" / "iter_000004" / "model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "checkpoints" / "iter_000004" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the wall time adds up the invocations: the first one's up to its checkpoint, then the resumed one's
+    fresh = json.loads((tmp_path / "straight" / "summary.json").read_text())
+    assert fresh["wall_time_s"] == fresh["wall_time_s_this_invocation"] > 0
+    first = json.loads((tmp_path / "resumed" / "checkpoints" / "iter_000002" / "state.json").read_text())["wall_time_s"]
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert first > 0 and summary["wall_time_s"] == first + summary["wall_time_s_this_invocation"]
+    last = json.loads((tmp_path / "resumed" / "checkpoints" / "iter_000004" / "state.json").read_text())["wall_time_s"]
+    assert first < last <= summary["wall_time_s"]
+
+
+def test_a_run_resumed_from_a_checkpoint_without_its_wall_time_says_it_is_unknown(tmp_path, capsys):
+    common = [*TINY, f"warm_start.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'r'}"]
+    assert oma_main(["train", *common]) == 0
+    state_path = tmp_path / "r" / "checkpoints" / "iter_000002" / "state.json"
+    state = json.loads(state_path.read_text())
+    del state["wall_time_s"]  # as every checkpoint saved before the record existed
+    state_path.write_text(json.dumps(state))
+    capsys.readouterr()
+    assert oma_main(["train", *common, "iterations=3", "--resume"]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["wall_time_s"] is None and summary["wall_time_s_this_invocation"] > 0
+    assert "in this invocation" in capsys.readouterr().out
 
 
 def test_bad_configs(tmp_path, capsys):

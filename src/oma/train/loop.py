@@ -578,9 +578,11 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         ema = WeightAverage(model, cfg.optim.ema) if cfg.optim.ema else None
         pad_id = tokenizer.pad_token_id if tokenizer is not None else 0  # the tabular policy has no tokenizer
         start = 0
+        before = 0.0  # the run's seconds up to where this invocation starts: its checkpoint's record, when resuming
         if resume:
             state = resume_from_checkpoint(run_dir, model, optimizer, warn=lambda m: console.print(f"warning: {m}"), ema=ema)
             start = state["iteration"]
+            before = state.get("wall_time_s")  # None: a checkpoint saved before the record existed
             keep_through(log.path, start)
             keep_through(run_dir / "samples.jsonl", start)
             console.print(f"resumed from {state['path']} (iteration {start})")
@@ -636,7 +638,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             if cfg.dump_batches:
                 _dump_batch(run_dir, it, rows, scores, mask)
             if it % checkpoint_every == 0 or it == cfg.iterations:
-                save_checkpoint(run_dir, it, model, optimizer, {"config": to_dict(cfg)}, ema)
+                save_checkpoint(run_dir, it, model, optimizer,
+                                {"config": to_dict(cfg), "wall_time_s": _run_time(before, time.perf_counter() - t_start)}, ema)
             progress.update(rl, advance=1, description=(
                 f"RL it {it}: success {record['success']:.2f} rows/traj {record['rows_per_traj']:.1f} "
                 f"entropy {record['entropy']:.2f}"
@@ -646,7 +649,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                 + (f" eval {record['eval_success']:.2f} (sampled {record['eval_sampled_success']:.2f})"
                    if "eval_success" in record else "")))
 
-    summary = _summary(log.read(), time.perf_counter() - t_start, ws_info)
+    invocation = time.perf_counter() - t_start
+    summary = _summary(log.read(), _run_time(before, invocation), invocation, ws_info)
     atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     _print_summary(console, summary, run_dir)
     return summary
@@ -668,7 +672,15 @@ def _dump_batch(run_dir: Path, iteration: int, rows: Rows, scores: Tensor, mask:
                 anchor=rows.anchor, step_rewards=rows.step_rewards, won=rows.won)
 
 
-def _summary(records: list[dict], wall: float, ws_info: dict) -> dict:
+def _run_time(before: float | None, invocation: float) -> float | None:
+    """The run's wall time so far: ``before`` (its seconds up to the checkpoint this invocation resumed
+    from; 0 for a fresh run, None when unknown) plus ``invocation``, this invocation's seconds so far.
+    Work redone after a kill is counted once: a killed invocation's seconds past its last checkpoint are
+    not in that checkpoint's record."""
+    return None if before is None else before + invocation
+
+
+def _summary(records: list[dict], wall: float | None, invocation: float, ws_info: dict) -> dict:
     evals = [r for r in records if "eval_success" in r]
     out = {}
     for key in ("eval_success", "eval_sampled_success"):
@@ -680,6 +692,7 @@ def _summary(records: list[dict], wall: float, ws_info: dict) -> dict:
         "eval_curve": [(r["iteration"], r["eval_success"]) for r in evals],
         "iterations": max((r["iteration"] for r in records), default=0),
         "wall_time_s": wall,
+        "wall_time_s_this_invocation": invocation,
         "warm_start_cached": ws_info.get("cached", False),
         "versions": library_versions(),
     }
@@ -698,5 +711,7 @@ def _print_summary(console: Console, s: dict, run_dir: Path) -> None:
     row("after warm start (iteration 0)", "start")
     row(f"after RL (iteration {s['iterations']})", "end")
     row("best evaluation", "best")
-    table.add_row("wall time", f"{s['wall_time_s']:.0f} s", "")
+    wall, invocation = s["wall_time_s"], s["wall_time_s_this_invocation"]
+    table.add_row("wall time", "—" if wall is None else f"{wall:.0f} s",
+                  "" if wall == invocation else f"{invocation:.0f} s in this invocation")
     console.print(table)
