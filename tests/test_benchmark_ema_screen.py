@@ -52,6 +52,10 @@ GRPO_375 = ["--live", "benchmarks/evidence/2026-12-05-grpo-375", "--horizon", "3
     ("learning-default-ema-screen", "2026-12-05-ema-lr-screen", []),
     # target 2's preset averaging from iteration 275, paired with the same runs' live weights
     ("learning-grpo-375-ema-vs-live", "2026-12-05-grpo-375-ema", GRPO_375),
+    # the default job's confirmation runs, paired with the same training evaluated without the average
+    ("learning-default-ema-vs-live", "2026-12-05-default-ema-15-24",
+     ["--live", "benchmarks/evidence/2026-12-05-default-live-15-24", "--horizon", "75", "--title",
+      "the default job's average of the weights against its live weights, paired within runs (seeds 15-24)"]),
 ])
 def test_the_committed_page_is_what_its_committed_runs_give(tmp_path: Path, monkeypatch, page: str, evidence: str,
                                                            extra: list[str]) -> None:
@@ -64,7 +68,8 @@ def test_the_committed_page_is_what_its_committed_runs_give(tmp_path: Path, monk
         return [ln for ln in text.splitlines() if not ln.startswith(("![", "Command: "))]
 
     committed = body((root / f"{page}.md").read_text())
-    assert sum(ln.startswith("| ") for ln in committed) > 20
+    runs = len(list((root / "evidence" / evidence).glob("*/seed-*")))
+    assert sum(ln.startswith("| ") for ln in committed) > runs + 2  # a row per run and the summary rows at least
     assert body(out.read_text()) == committed
     assert (tmp_path / "page-gains.png").stat().st_size > 0
 

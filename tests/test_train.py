@@ -522,6 +522,11 @@ def test_the_default_job_is_the_capped_terse_job_with_an_average_of_its_weights(
     [timed] = _evidence_configs("2026-12-05-default-job-timing/oma train with its average, fresh clone")
     assert config_diff(timed, to_dict(default), ignore=("warm_start.cache_dir",)) == []  # `oma train`, nothing else
     saved = _evidence_configs("2026-12-05-default-ema-15-24/the default job")
+    # the same runs trained again without the average, from the same warm starts, to pair with (seeds 15-24)
+    live = _evidence_configs("2026-12-05-default-live-15-24/the default job")
+    assert sorted(s["seed"] for s in live) == list(range(15, 25)) and all(s["threads"] == 2 for s in live)
+    for one in live:
+        assert config_diff(one, to_dict(default), ignore=RUN_ONLY) == ["optim.ema (saved 0.0, now 0.97)"]
     assert sorted(s["seed"] for s in saved) == list(range(15, 25))
     for one in saved:
         assert config_diff(one, to_dict(default), ignore=RUN_ONLY) == [] and one["threads"] == 2
