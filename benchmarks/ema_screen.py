@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 from oma.experiments.stats import Estimate, mean_ci, paired_diff
+from oma.train.loop import read_metrics
 
 MODES = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
 EMA_KEY = re.compile(r"^ema([0-9.]+)_eval_success$")
@@ -41,8 +42,7 @@ NOT_TRAINING = ("time_", "tokens_per_s", "rows_per_s", "eval_", "warm_start")
 
 
 def _records(run_dir: Path, horizon: int) -> dict[int, dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    records = {r["iteration"]: r for r in map(json.loads, filter(str.strip, lines))}
+    records = {r["iteration"]: r for r in read_metrics(run_dir)}
     if horizon not in records or 0 not in records:
         raise SystemExit(f"{run_dir}: no evaluation at iteration 0 and {horizon}")
     return records

@@ -12,18 +12,10 @@ from safetensors.torch import load_file
 
 from oma.cli import main as oma_main
 from oma.train.config import ConfigError, load_run_config
+from test_ema import _records, _training_only
 from test_train import TINY
 
 BETA = 0.5
-
-
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _training_only(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(("time_", "tokens_per_s", "rows_per_s", "eval_", "warm_start"))}
-            for r in records]
 
 
 @pytest.fixture(scope="module")
