@@ -32,7 +32,7 @@ import torch
 
 from oma.agent.rollout import Episode
 from oma.train.checkpoint import load_checkpoint
-from oma.train.config import load_config
+from oma.train.config import load_run_config
 from oma.train.loop import env_factory, make_optimizer, policy_rollout
 from oma.train.warmstart import build_policy
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run", type=Path, help="an oma train run folder (holds config.json and checkpoints/)")
     ap.add_argument("--iteration", type=int, default=0, help="0 = the warm start; else a checkpointed iteration")
     args = ap.parse_args(argv)
-    cfg = load_config(args.run / "config.json")
+    cfg = load_run_config(args.run)
     if cfg.env.history_length != 0:
         print(f"{args.run}: env.history_length is {cfg.env.history_length}; the count assumes 0", file=sys.stderr)
         return 2

@@ -141,7 +141,9 @@ def curves(run_dir: Path, unit: str = "iteration") -> dict[str, dict[int, float]
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("runs_dir", help="an oma compare --out folder, or DIR/<variant>/seed-K run folders")
+    p.add_argument("runs_dir", nargs="+",
+                   help="an oma compare --out folder, or DIR/<variant>/seed-K run folders; several folders are read "
+                        "as one study (more seeds of the same runs), a variant's seed found in two of them refused")
     p.add_argument("--horizon", type=int, default=60, help="where the gain is read, in --unit")
     p.add_argument("--unit", choices=sorted(UNITS), default="iteration",
                    help="iteration: RL iterations; episode: training episodes rolled out (runs that roll out "
@@ -167,20 +169,18 @@ def main(argv: list[str]) -> int:
         print(f"--last: expected a count of evaluations >= 1, got {args.last}", file=sys.stderr)
         return 2
     per_run = args.target == "long"
-    root = Path(args.runs_dir)
-    preset = args.preset
-    if (root / "compare.json").is_file():
-        doc = json.loads((root / "compare.json").read_text())
-        keys = list(doc["runs"])
-        command = f"`{doc['command']}`"
-        preset = doc.get("config_path") or preset  # the comparison records its preset
-    else:
-        keys = sorted(f"{d.parent.name}/{d.name}" for d in root.glob("*/seed-*") if d.is_dir())
-        command = args.command or (f"`oma train {preset} seed=K [algo.accounting=row algo.mass=native] "
-                                   f"out_dir={root}/<variant>/seed-K`, one run per variant and seed,")
-    if not keys:
-        print(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)", file=sys.stderr)
+    roots = [Path(r) for r in args.runs_dir]
+    try:
+        found, recorded = discover(roots)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
+    preset = recorded.get("config_path") or args.preset  # a comparison records its preset
+    root = " ".join(map(str, roots))
+    command = (f"`{recorded['command']}`" if "command" in recorded else
+               args.command or (f"`oma train {preset} seed=K [algo.accounting=row algo.mass=native] "
+                                f"out_dir={roots[0] if len(roots) == 1 else 'DIR'}/<variant>/seed-K`, one run per "
+                                "variant and seed,"))
     if args.baseline_horizon is not None and args.baseline is None:
         print("--baseline-horizon needs --baseline", file=sys.stderr)
         return 2
@@ -188,10 +188,9 @@ def main(argv: list[str]) -> int:
     horizons = Horizons(args.horizon, baseline, args.baseline_horizon)
     runs: dict[str, dict[int, dict]] = {}
     unfinished = []
-    for key in keys:
+    for key, run_dir in found.items():
         variant, seed = key.split("/seed-")
-        metrics = root / key / "metrics.jsonl"
-        c = curves(root / key, args.unit) if metrics.is_file() else None
+        c = curves(run_dir, args.unit) if (run_dir / "metrics.jsonl").is_file() else None
         if c is None or horizons[variant] not in c["eval_success"]:
             unfinished.append(key)
             continue
@@ -231,7 +230,7 @@ def main(argv: list[str]) -> int:
         "",
     ]
     if len(runs) >= 2:
-        lines += summary(ends, horizons, baseline)
+        lines += summary(ends, horizons, baseline, per_run)
         forest_png = png.with_name(f"{png.stem}-gains.png")
         forest(ends, forest_png, horizons, baseline, TARGET_GAIN[args.target], unit)
         lines += [f"![gains per variant]({forest_png.name})", ""]
@@ -265,6 +264,32 @@ def main(argv: list[str]) -> int:
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
+
+
+def discover(roots: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
+    """Every run of ``roots`` as ``{"<variant>/seed-K": its folder}``, in the folders' order, with what a
+    comparison's compare.json records (its ``command`` and ``config_path``, from the first folder that has
+    one). A folder with compare.json holds that comparison's runs; any other folder DIR/<variant>/seed-K.
+    Refused (ValueError naming the folders): a folder without runs, and one variant's seed in two folders,
+    which would count one seed twice."""
+    found: dict[str, Path] = {}
+    recorded: dict[str, str] = {}
+    for root in roots:
+        if (root / "compare.json").is_file():
+            doc = json.loads((root / "compare.json").read_text())
+            keys = list(doc["runs"])
+            for field in ("command", "config_path"):
+                if doc.get(field) and field not in recorded:
+                    recorded[field] = doc[field]
+        else:
+            keys = sorted(f"{d.parent.name}/{d.name}" for d in root.glob("*/seed-*") if d.is_dir())
+        if not keys:
+            raise ValueError(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)")
+        for key in keys:
+            if key in found:
+                raise ValueError(f"{key} is in both {found[key].parents[1]} and {root}: one seed would count twice")
+            found[key] = root / key
+    return found, recorded
 
 
 def last_evaluations(runs: dict[str, dict[int, dict]], horizon: int, k: int) -> list[int]:
@@ -330,19 +355,24 @@ def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, 
     return lines
 
 
-def summary(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str) -> list[str]:
-    """One table row per variant, the baseline first, then by greedy gain: its seeds, its gains, and (where
+def summary(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, per_run: bool = False) -> list[str]:
+    """One table row per variant, the baseline first, then by greedy gain: its seeds, its gains, with
+    ``per_run`` (the long preset's target) how many of its runs meet :func:`meets_target`, and (where
     ``baseline`` has runs) the gain differences paired by seed with it (:func:`paired_diff`) over the seeds
     both finished, blank for the baseline and where fewer than 2 seeds are shared. A paired CI's
     half-width is the smallest difference that study could tell from 0."""
     b = runs.get(baseline)
-    head = ["variant", "seeds", "greedy gain", "sampled gain"]
+    head = ["variant", "seeds", "greedy gain", "sampled gain"] + (["runs meeting the target"] if per_run else [])
     if b is not None:
         head += [f"{label} gain − {baseline}'s, paired" for label in METRICS.values()]
     lines = ["## Summary", "", "| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for variant in _ranked(runs, horizons, baseline):
         a = runs[variant]
         cells = [str(mean_ci(seed_gains(a, m, horizons[variant]))) for m in METRICS]
+        if per_run:
+            h = horizons[variant]
+            met = sum(meets_target(c["eval_success"][0], c["eval_success"][h]) for c in a.values())
+            cells.append(f"{met} of {len(a)}")
         if b is not None:
             shared = sorted(set(a) & set(b)) if variant != baseline else []
             cells += [str(paired_diff(seed_gains(a, m, horizons[variant], shared),

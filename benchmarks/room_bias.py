@@ -46,7 +46,7 @@ from oma.agent.policy import action_choices, allowed_positions
 from oma.agent.rollout import Rows
 from oma.core import token_weights
 from oma.experiments.stats import mean_ci
-from oma.train.config import load_config
+from oma.train.config import load_config, load_run_config
 from oma.train.loop import advantages, env_factory, episode_scores, response_mask_of, row_logprobs
 from oma.train.warmstart import build_policy
 
@@ -200,7 +200,7 @@ def trajectory(group: Path) -> list[dict]:
 
     out = []
     for run in sorted(group.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
-        cfg = load_config(run / "config.json")
+        cfg = load_run_config(run)
         torch.set_num_threads(cfg.threads)
         make_env = env_factory(cfg)
         model, tokenizer, _ = build_policy(cfg, make_env)

@@ -71,3 +71,11 @@ def test_a_run_in_terse_text_is_refused_not_misread(tmp_path, capsys) -> None:
     assert "env.options.text is 'terse'" in capsys.readouterr().err
     _, info = make("household", **load_config(None).env.options).reset(1_000_000)
     assert "Hint:" in info["task"] and benchmark_scripts.load("greedy_loops").hint_type(info["task"]) is None  # unread
+
+
+def test_a_run_is_read_with_the_config_it_trained_with(tmp_path) -> None:
+    """The run's config.json through load_run_config: a folder without one is named as no run folder."""
+    from oma.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="is not a run folder"):
+        benchmark_scripts.load("greedy_loops").main([str(tmp_path)])

@@ -222,6 +222,50 @@ def test_the_summary_puts_the_baseline_first_then_ranks_by_greedy_gain(tmp_path:
     assert (tmp_path / "report-gains.png").is_file() and "![gains per variant](report-gains.png)" in out.read_text()
 
 
+def test_several_folders_are_one_study_and_the_summary_counts_runs_meeting_the_per_run_target(tmp_path: Path) -> None:
+    # Seeds 0-1 in one folder, seed 2 of both variants in another. Greedy gains, per run:
+    # OA+MA      0.2 -> 0.5 +0.30 met; 0.4 -> 0.5 +0.10 not met (neither +0.25 nor double); 0.1 -> 0.2 +0.10 met (doubles)
+    # row+native 0.2 -> 0.5 +0.30 met; 0.4 -> 0.4 +0.00 not met;                             0.1 -> 0.3 +0.20 met (triples)
+    # so 2 of 3 runs each, mean gains 0.5 / 3 = +0.167 each, paired differences 0, +0.1, -0.1 (mean 0).
+    _run(tmp_path / "a" / "OA+MA" / "seed-0", (0.2, 0.5), (0.3, 0.3))
+    _run(tmp_path / "a" / "OA+MA" / "seed-1", (0.4, 0.5), (0.3, 0.3))
+    _run(tmp_path / "a" / "row+native" / "seed-0", (0.2, 0.5), (0.3, 0.3))
+    _run(tmp_path / "a" / "row+native" / "seed-1", (0.4, 0.4), (0.3, 0.3))
+    _run(tmp_path / "b" / "OA+MA" / "seed-2", (0.1, 0.2), (0.3, 0.3))
+    _run(tmp_path / "b" / "row+native" / "seed-2", (0.1, 0.3), (0.3, 0.3))
+    out = tmp_path / "report.md"
+    assert _module().main([str(tmp_path / "a"), str(tmp_path / "b"), "--horizon", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"benchmarks/learning_long.py {tmp_path / 'a'} {tmp_path / 'b'} --preset" in text
+    assert "out_dir=DIR/<variant>/seed-K`" in text
+    table = text.split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+    assert table[0].startswith("| variant | seeds | greedy gain | sampled gain | runs meeting the target | greedy gain − ")
+    assert table[2].startswith("| row+native | 0, 1, 2 | +0.167 ± ") and table[2].split(" | ")[4] == "2 of 3"
+    assert table[3].startswith("| OA+MA | 0, 1, 2 | +0.167 ± ") and table[3].split(" | ")[4] == "2 of 3"
+    assert "## OA+MA − row+native, paired by seed (3 seeds)" in text
+    assert "- greedy gain: +0.000 ±" in text  # 0.0, +0.1, −0.1
+
+
+def test_the_summary_has_no_count_under_the_default_jobs_target(tmp_path: Path) -> None:
+    _run(tmp_path / "runs" / "x" / "seed-0", (0.2, 0.5), (0.3, 0.3))
+    _run(tmp_path / "runs" / "y" / "seed-0", (0.2, 0.3), (0.3, 0.3))
+    out = tmp_path / "report.md"
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--target", "default", "--out", str(out)]) == 0
+    assert "runs meeting the target" not in out.read_text()
+
+
+def test_one_seed_in_two_folders_or_a_folder_without_runs_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path / "a" / "OA+MA" / "seed-0", (0.2, 0.5), (0.3, 0.3))
+    _run(tmp_path / "b" / "OA+MA" / "seed-0", (0.2, 0.4), (0.3, 0.3))
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "report.md"
+    assert _module().main([str(tmp_path / "a"), str(tmp_path / "b"), "--horizon", "2", "--out", str(out)]) == 2
+    assert f"OA+MA/seed-0 is in both {tmp_path / 'a'} and {tmp_path / 'b'}" in capsys.readouterr().err
+    assert _module().main([str(tmp_path / "a"), str(tmp_path / "empty"), "--horizon", "2", "--out", str(out)]) == 2
+    assert f"{tmp_path / 'empty'}: no runs found" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def _curve_run(d: Path, greedy: dict[int, float]) -> None:
     d.mkdir(parents=True)
     rows = [{"iteration": i, "eval_success": g, "eval_sampled_success": 0.3} for i, g in greedy.items()]
