@@ -51,6 +51,13 @@ benchmarks/learning-default-375-last-3.md, the 375-iteration runs of both accoun
         --preset configs/household-gigpo-oma-375.yaml --horizon 375 --last 3 --command TEXT \
         --out benchmarks/learning-default-375-last-3.md
 
+More seeds of the same study trained later into another folder are read with it as one study by
+naming both folders (benchmarks/learning-grpo-375-8-seeds.md: target 2's preset over seeds 0-4 and 5-7):
+
+    .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-grpo-375 \
+        benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --preset configs/household-grpo-oma-long.yaml \
+        --horizon 375 --command TEXT --out benchmarks/learning-grpo-375-8-seeds.md
+
 A folder with compare.json is read as that comparison's runs; any other folder as
 DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the

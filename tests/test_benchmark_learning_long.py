@@ -356,6 +356,10 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-last-3", "2026-12-05-grpo-375",  # the same runs, each end the mean of 3 evaluations
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
+    ("learning-grpo-375-8-seeds", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),  # 3 more seeds
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+    ("learning-grpo-375-8-seeds-last-3", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
     ("learning-grpo-375-ema", "2026-12-05-grpo-375-ema",  # the same runs, averaging their weights from 275
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-ema-last-3", "2026-12-05-grpo-375-ema",
@@ -366,14 +370,15 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "300", "--target", "long",
       "--baseline", "terse, cap 20, 150 iterations", "--baseline-horizon", "150"]),
 ])
-def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str,
+def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: str, evidence: str | tuple[str, ...],
                                                           extra: list[str]) -> None:
     """Every table of the page, regenerated from the runs' metrics committed under benchmarks/evidence/
-    (judged by the default job's target unless ``extra`` names another: the last --target counts)."""
+    (one folder, or several read as one study; judged by the default job's target unless ``extra`` names
+    another: the last --target counts)."""
     root = Path(__file__).resolve().parents[1] / "benchmarks"
     out = tmp_path / f"{page}.md"
-    assert _module().main([str(root / "evidence" / evidence), "--target", "default", *extra, "--command", "TEXT",
-                           "--out", str(out)]) == 0
+    folders = [str(root / "evidence" / e) for e in ((evidence,) if isinstance(evidence, str) else evidence)]
+    assert _module().main([*folders, "--target", "default", *extra, "--command", "TEXT", "--out", str(out)]) == 0
 
     def body(text: str) -> list[str]:  # the commands line names the paths; the tables must match exactly
         return [ln for ln in text.splitlines()[3:] if not ln.startswith("![")]

@@ -622,7 +622,9 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
     for arm, expected in (("OA+MA", to_dict(grpo)), ("row+native", verl_accounting)):  # seeds 0-4, both arms
         saved = _evidence_configs(f"2026-12-05-grpo-375/{arm}")
         assert [s["seed"] for s in saved] == [0, 1, 2, 3, 4]
-        for one in saved:
+        more = _evidence_configs(f"2026-12-05-grpo-375-seeds-5-7/{arm}")  # three more seeds, trained from the preset
+        assert [s["seed"] for s in more] == [5, 6, 7]
+        for one in saved + more:
             assert config_diff(one, expected, ignore=RUN_ONLY) == [] and one["threads"] == 2
         # the same runs with an average of the weights started at iteration 275 (benchmarks/start_average.py)
         averaged = _evidence_configs(f"2026-12-05-grpo-375-ema/{arm}")
