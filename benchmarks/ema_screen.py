@@ -15,11 +15,17 @@ evaluations are the average's, and LIVE/<arm>/seed-K is the same run's training 
 (an average started at a checkpoint of it, benchmarks/start_average.py): its evaluations are the live
 weights'. The two runs' training metrics must be equal at every iteration both hold, or the pairing is
 refused. ``--pool`` adds each average's paired difference over every run of every arm
-(benchmarks/learning-grpo-375-ema-vs-live.md):
+(benchmarks/learning-grpo-375-ema-vs-live.md). More seeds trained later into other folders are read
+with the first ones by naming every folder, in DIR and in ``--live``
+(benchmarks/learning-grpo-375-ema-vs-live-8-seeds.md):
 
     .venv/bin/python benchmarks/ema_screen.py benchmarks/evidence/2026-12-05-grpo-375-ema \\
         --live benchmarks/evidence/2026-12-05-grpo-375 --horizon 375 --baseline row+native --pool \\
         --title TEXT --command TEXT --out benchmarks/learning-grpo-375-ema-vs-live.md
+    .venv/bin/python benchmarks/ema_screen.py benchmarks/evidence/2026-12-05-grpo-375-ema \\
+        benchmarks/evidence/2026-12-05-grpo-375-ema-seeds-5-7 --live benchmarks/evidence/2026-12-05-grpo-375 \\
+        benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --horizon 375 --baseline row+native --pool \\
+        --title TEXT --command TEXT --out benchmarks/learning-grpo-375-ema-vs-live-8-seeds.md
 """
 
 from __future__ import annotations
@@ -76,13 +82,29 @@ def read_run(run_dir: Path, horizon: int, live_dir: Path | None = None) -> dict[
             f"EMA {beta}": {mode: end[mode] - start[mode] for mode in MODES}}
 
 
-def read_arms(root: Path, horizon: int, live_root: Path | None = None) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
-    arms = {}
-    for arm in sorted(p for p in root.iterdir() if p.is_dir()):
-        seeds = sorted(arm.glob("seed-*"), key=lambda p: int(p.name.split("-")[1]))
-        arms[arm.name] = {int(s.name.split("-")[1]): read_run(s, horizon, live_root and live_root / arm.name / s.name)
-                          for s in seeds}
-    return arms
+def read_arms(roots: list[Path], horizon: int,
+              live_roots: list[Path] | None = None) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
+    """``{arm: {seed: read_run(...)}}`` over every ROOT/<arm>/seed-K of ``roots`` (more seeds of one study
+    trained into several folders), each paired with the one ``live_roots`` folder that holds the same
+    <arm>/seed-K. Refused (SystemExit naming the folders): one arm's seed in two of ``roots``, and a run
+    whose live twin is in none or in two of ``live_roots``."""
+    arms: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
+    for root in roots:
+        for arm in sorted(p for p in root.iterdir() if p.is_dir()):
+            for run in sorted(arm.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
+                seed = int(run.name.split("-")[1])
+                if seed in arms.get(arm.name, {}):
+                    raise SystemExit(f"{arm.name}/{run.name} is in two of {', '.join(map(str, roots))}: "
+                                     "one seed would count twice")
+                live = None
+                if live_roots is not None:
+                    twins = [d / arm.name / run.name for d in live_roots if (d / arm.name / run.name).is_dir()]
+                    if len(twins) != 1:
+                        raise SystemExit(f"{run}: expected its live twin {arm.name}/{run.name} in exactly one of "
+                                         f"{', '.join(map(str, live_roots))}, found {len(twins)}")
+                    live = twins[0]
+                arms.setdefault(arm.name, {})[seed] = read_run(run, horizon, live)
+    return {arm: dict(sorted(seeds.items())) for arm, seeds in sorted(arms.items())}
 
 
 TITLE = "an average of the weights, and a larger learning rate, in the default job (5-seed screen)"
@@ -169,18 +191,19 @@ def plot(forest: list[tuple[str, str, Estimate]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("runs_dir")
+    p.add_argument("runs_dir", nargs="+", help="DIR/<arm>/seed-K run folders; several folders are one study")
     p.add_argument("--horizon", type=int, default=75)
     p.add_argument("--baseline", default="lr 3e-4", help="the arm the others are compared with")
     p.add_argument("--out", default="benchmarks/learning-default-ema-screen.md")
     p.add_argument("--command", default="OMA_SCREEN_EMA=0.9,0.97,0.99 oma train seed=K [optim.lr=0.0005] "
                                         "warm_start.cache_dir=<the seed's warm start> (ema-screen.patch applied)")
-    p.add_argument("--live", help="LIVE/<arm>/seed-K: the same runs' training without the average (module docstring)")
+    p.add_argument("--live", nargs="+", help="LIVE/<arm>/seed-K: the same runs' training without the average "
+                                             "(module docstring), in one folder or several")
     p.add_argument("--pool", action="store_true", help="also pair each average with the live weights over every arm's runs")
     p.add_argument("--title", default=TITLE)
     args = p.parse_args(argv)
     out = Path(args.out)
-    arms = read_arms(Path(args.runs_dir), args.horizon, Path(args.live) if args.live else None)
+    arms = read_arms([Path(r) for r in args.runs_dir], args.horizon, [Path(r) for r in args.live] if args.live else None)
     text, forest = report(arms, args.horizon, args.baseline, args.command, args.title, args.pool)
     png = out.with_name(out.stem + "-gains.png")
     text += f"\n![paired differences]({png.name})\n"

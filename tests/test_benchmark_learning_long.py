@@ -360,6 +360,8 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-8-seeds-last-3", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
+    ("learning-grpo-375-ema-8-seeds", ("2026-12-05-grpo-375-ema", "2026-12-05-grpo-375-ema-seeds-5-7"),
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-ema", "2026-12-05-grpo-375-ema",  # the same runs, averaging their weights from 275
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-ema-last-3", "2026-12-05-grpo-375-ema",

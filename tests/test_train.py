@@ -629,7 +629,9 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
         # the same runs with an average of the weights started at iteration 275 (benchmarks/start_average.py)
         averaged = _evidence_configs(f"2026-12-05-grpo-375-ema/{arm}")
         assert [s["seed"] for s in averaged] == [0, 1, 2, 3, 4]
-        for one, before in zip(averaged, saved):
+        averaged += _evidence_configs(f"2026-12-05-grpo-375-ema-seeds-5-7/{arm}")  # and seeds 5-7's, the same way
+        assert [s["seed"] for s in averaged] == [0, 1, 2, 3, 4, 5, 6, 7]
+        for one, before in zip(averaged, saved + more, strict=True):
             assert one["seed"] == before["seed"] and one["threads"] == 2
             assert config_diff(before, one, ignore=RUN_ONLY) == ["optim.ema (saved 0.0, now 0.97)"]
 
