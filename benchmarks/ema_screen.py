@@ -91,7 +91,7 @@ def read_arms(roots: list[Path], horizon: int,
     arms: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
     for root in roots:
         for arm in sorted(p for p in root.iterdir() if p.is_dir()):
-            for run in sorted(arm.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):
+            for run in sorted(arm.glob("seed-*")):  # seeds are put in order below, across every folder
                 seed = int(run.name.split("-")[1])
                 if seed in arms.get(arm.name, {}):
                     raise SystemExit(f"{arm.name}/{run.name} is in two of {', '.join(map(str, roots))}: "

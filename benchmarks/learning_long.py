@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
         print(e, file=sys.stderr)
         return 2
     preset = recorded.get("config_path") or args.preset  # a comparison records its preset
-    root = " ".join(map(str, roots))
+    folders = " ".join(map(str, roots))
     command = (f"`{recorded['command']}`" if "command" in recorded else
                args.command or (f"`oma train {preset} seed=K [algo.accounting=row algo.mass=native] "
                                 f"out_dir={roots[0] if len(roots) == 1 else 'DIR'}/<variant>/seed-K`, one run per "
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
     lines = [
         f"# {preset} across seeds: held-out success gains",
         "",
-        f"Commands: {command} then `.venv/bin/python benchmarks/learning_long.py {root} "
+        f"Commands: {command} then `.venv/bin/python benchmarks/learning_long.py {folders} "
         f"--preset {preset}{'' if args.horizon == 60 else f' --horizon {args.horizon}'}"
         f"{'' if args.unit == 'iteration' else f' --unit {args.unit}'}"
         f"{'' if per_run else f' --target {args.target}'}"

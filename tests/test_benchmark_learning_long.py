@@ -21,6 +21,11 @@ def _run(d: Path, greedy: tuple[float, float], sampled: tuple[float, float]) -> 
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
 
+def _summary_table(report: str) -> list[str]:
+    """The lines of a report's summary table (its header, separator and one row per variant)."""
+    return report.split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+
+
 def test_run_folders_without_compare_json(tmp_path: Path) -> None:
     # OA+MA greedy gains +0.30, +0.10; row+native +0.10, +0.00: paired differences +0.20, +0.10.
     _run(tmp_path / "runs" / "OA+MA" / "seed-0", (0.2, 0.5), (0.3, 0.4))
@@ -212,7 +217,7 @@ def test_the_summary_puts_the_baseline_first_then_ranks_by_greedy_gain(tmp_path:
     out = tmp_path / "report.md"
     args = [str(tmp_path / "runs"), "--horizon", "2", "--target", "default", "--baseline", "base", "--out", str(out)]
     assert _module().main(args) == 0
-    table = out.read_text().split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+    table = _summary_table(out.read_text())
     assert table[0] == ("| variant | seeds | greedy gain | sampled gain | greedy gain − base's, paired "
                         "| sampled gain − base's, paired |")
     assert table[2] == "| base | 0, 1 | +0.050 ± 0.635 | +0.000 ± 0.000 |  |  |"  # sd 0.1/√2 · 12.706 / √2
@@ -238,7 +243,7 @@ def test_several_folders_are_one_study_and_the_summary_counts_runs_meeting_the_p
     text = out.read_text()
     assert f"benchmarks/learning_long.py {tmp_path / 'a'} {tmp_path / 'b'} --preset" in text
     assert "out_dir=DIR/<variant>/seed-K`" in text
-    table = text.split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+    table = _summary_table(text)
     assert table[0].startswith("| variant | seeds | greedy gain | sampled gain | runs meeting the target | greedy gain − ")
     assert table[2].startswith("| row+native | 0, 1, 2 | +0.167 ± ") and table[2].split(" | ")[4] == "2 of 3"
     assert table[3].startswith("| OA+MA | 0, 1, 2 | +0.167 ± ") and table[3].split(" | ")[4] == "2 of 3"
@@ -284,7 +289,7 @@ def test_the_baseline_read_at_its_own_horizon(tmp_path: Path) -> None:
     assert _module().main(base) == 2  # at 3 the short job has no finished runs
     assert _module().main([*base, "--baseline-horizon", "1"]) == 0
     text = out.read_text()
-    table = text.split("## Summary\n\n")[1].split("\n\n")[0].splitlines()
+    table = _summary_table(text)
     assert table[2] == "| short | 0, 1 | +0.050 ± 0.635 | +0.000 ± 0.000 |  |  |"
     assert table[3] == "| long | 0, 1 | +0.250 ± 0.635 | +0.000 ± 0.000 | +0.200 ± 0.000 | +0.000 ± 0.000 |"
     assert "- greedy gain: +0.200 ± 0.000" in text and "- greedy success at iteration 3 against 1: +0.200 ± 0.000" in text
