@@ -72,8 +72,19 @@ class GroupOutcomeStats:
 
 
 def trajectory_outcomes(scores: Tensor, structure: BatchStructure) -> Tensor:
-    """R_τ = mean of τ's rows' scores, float64 [T] (equals the stamped outcome when rows agree)."""
-    return segment_sum(scores, structure.traj.inverse, structure.n_traj) / structure.traj.counts.to(torch.float64)
+    """R_τ = mean of τ's rows' scores, float64 [T] (equals the stamped outcome when rows agree).
+
+    Each trajectory's rows are summed in ascending order of their scores, not in row order: float
+    addition is not associative, so rows (2.0, 1.9, 1.9) and (1.9, 1.9, 2.0) summed as they come can
+    differ in the last bit. In a group whose trajectories all have that outcome, one ulp would make
+    the spread non-zero and A ≈ 1e-16/ε ≈ 1e-10 instead of 0, and it would depend on row order
+    (docs/math.md#invariances). The canonical order makes R_τ bit-identical under any row order
+    where ``index_add_`` adds in order (CPU); rows that carry one stamped outcome sum as before.
+    """
+    inverse = structure.traj.inverse
+    order = torch.argsort(scores, stable=True)
+    order = order[torch.argsort(inverse[order], stable=True)]  # by trajectory, then by score
+    return segment_sum(scores[order], inverse[order], structure.n_traj) / structure.traj.counts.to(torch.float64)
 
 
 def _members(scores: Tensor, structure: BatchStructure, accounting: str) -> tuple[Tensor, Tensor, Tensor | None]:
