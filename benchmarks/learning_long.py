@@ -58,6 +58,16 @@ naming both folders (benchmarks/learning-grpo-375-8-seeds.md: target 2's preset 
         benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --preset configs/household-grpo-oma-long.yaml \
         --horizon 375 --command TEXT --out benchmarks/learning-grpo-375-8-seeds.md
 
+Runs continued past their horizon are read at the new one, with ``--since`` naming the old one: per
+variant, what the added iterations gave each run, paired by run (benchmarks/learning-grpo-525.md,
+target 2's preset continued from 375 to 525 iterations):
+
+    oma train configs/household-grpo-oma-long.yaml seed=K [algo.accounting=row algo.mass=native] \
+        iterations=525 out_dir=RUN --resume                          # RUN: a copy of the 375-iteration run
+    .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-grpo-525 \
+        --preset configs/household-grpo-oma-long.yaml --horizon 525 --since 375 --command TEXT \
+        --out benchmarks/learning-grpo-525.md
+
 A folder with compare.json is read as that comparison's runs; any other folder as
 DIR/<variant>/seed-K. Reads each finished run's metrics.jsonl (held-out greedy and sampled success on 128 tasks at
 iterations 0, 10, ..., 60). The gain is success at the horizon minus success at iteration 0 (the
@@ -167,6 +177,9 @@ def main(argv: list[str]) -> int:
                    help="read the baseline's runs here instead of at --horizon: jobs of different lengths compared as "
                         "each one's user gets it (e.g. a 45-iteration job against the 15-iteration default job)")
     p.add_argument("--command", help="how the runs were trained, named in the report (default: a generic oma train line)")
+    p.add_argument("--since", type=int,
+                   help="also report, per variant, success at the horizon minus at this earlier point, paired by run: "
+                        "what the training after it added (e.g. runs continued from 375 to 525 iterations)")
     p.add_argument("--last", type=int, default=1,
                    help="read each run's end as the mean of its last LAST held-out evaluations up to its horizon "
                         "(after iteration 0), a reading less sensitive to one evaluation's swing (default 1: the "
@@ -174,6 +187,9 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.last < 1:
         print(f"--last: expected a count of evaluations >= 1, got {args.last}", file=sys.stderr)
+        return 2
+    if args.since is not None and not 0 < args.since < args.horizon:
+        print(f"--since: expected a point after 0 and before --horizon {args.horizon}, got {args.since}", file=sys.stderr)
         return 2
     per_run = args.target == "long"
     roots = [Path(r) for r in args.runs_dir]
@@ -207,6 +223,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"--last {args.last}: {e}", file=sys.stderr)
         return 2
+    try:
+        since_lines = [] if args.since is None else since(ends, horizons, args.since, UNITS[args.unit])
+    except ValueError as e:
+        print(f"--since {args.since}: {e}", file=sys.stderr)
+        return 2
     if args.baseline is not None and args.baseline not in runs:
         print(f"--baseline {args.baseline!r}: no finished runs of that variant at {args.unit} {horizons[args.baseline]} "
               f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
@@ -223,6 +244,7 @@ def main(argv: list[str]) -> int:
         f"{'' if per_run else f' --target {args.target}'}"
         f"{'' if args.baseline is None else f' --baseline {args.baseline!r}'}"
         f"{'' if args.baseline_horizon is None else f' --baseline-horizon {args.baseline_horizon}'}"
+        f"{'' if args.since is None else f' --since {args.since}'}"
         f"{' --command TEXT' if args.command else ''}{'' if args.last == 1 else f' --last {args.last}'} --out {args.out}`.",
         f"Held-out success on 128 tasks at {unit}s 0 (the warm start) to {args.horizon}; gain = {unit} "
         f"{args.horizon} − {unit} 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}"
@@ -265,6 +287,7 @@ def main(argv: list[str]) -> int:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
     lines += paired(ends, horizons, baseline, unit)
+    lines += since_lines
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
     lines += [f"![learning curves]({png.name})", ""]
@@ -358,6 +381,30 @@ def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, 
                             (f"success at {at}", paired_diff([a[k][m][ha] for k in seeds], [b[k][m][hb] for k in seeds]))):
                 lines.append(f"- {label} {what}: {e.mean:+.3f} ± {e.half_width:.3f} "
                              f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
+        lines.append("")
+    return lines
+
+
+def since(runs: dict[str, dict[int, dict]], horizons: Horizons, start: int, unit: str = "iteration") -> list[str]:
+    """Each variant's success at its horizon (its end as the report reads it) minus its evaluation at
+    ``start``, paired by run (:func:`paired_diff`): what the training after ``start`` added, and in how
+    many runs it rose. E.g. greedy 0.50 → 0.60 and 0.40 → 0.35 from ``start`` to the horizon: +0.025,
+    higher in 1 of 2 runs. A run not evaluated at ``start`` is refused (ValueError naming it)."""
+    lines: list[str] = []
+    for variant, seeds in runs.items():
+        h, order = horizons[variant], sorted(seeds)
+        for k in order:
+            if start not in seeds[k]["eval_success"]:
+                raise ValueError(f"{variant}/seed-{k} has no evaluation at {unit} {start}")
+        if len(order) < 2:
+            continue
+        lines += [f"## {variant}: {unit} {h} − {unit} {start}, paired by run ({len(order)} seeds)", ""]
+        for m, label in METRICS.items():
+            end, before = [seeds[k][m][h] for k in order], [seeds[k][m][start] for k in order]
+            e = paired_diff(end, before)
+            rose = sum(a > b for a, b in zip(end, before))
+            lines.append(f"- {label} success: {e.mean:+.3f} ± {e.half_width:.3f} (95% CI [{e.lo:+.3f}, {e.hi:+.3f}], "
+                         f"p = {e.p:.2g}); higher in {rose} of {len(order)} runs")
         lines.append("")
     return lines
 

@@ -371,6 +371,13 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-ema-last-3", "2026-12-05-grpo-375-ema",
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
+    ("learning-grpo-525", "2026-12-05-grpo-525",  # the 8-seed study's runs continued to 525 (a longer budget)
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
+    ("learning-grpo-525-at-450", "2026-12-05-grpo-525",  # the same runs at 450, secondary
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "450", "--target", "long", "--since", "375"]),
+    ("learning-grpo-525-last-3", "2026-12-05-grpo-525",  # the same runs, each end the mean of 3 evaluations
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375",
+      "--last", "3"]),
     ("learning-default-75-accounting", "2026-12-05-accounting-75",  # row+native, the baseline unless named
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "75"]),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target
@@ -393,3 +400,30 @@ def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: 
     committed = body((root / f"{page}.md").read_text())
     assert sum(ln.startswith("| ") for ln in committed) > 5  # a header and 5 seeds at least
     assert body(out.read_text()) == committed
+
+
+def test_what_the_iterations_after_a_point_added_by_hand() -> None:
+    m = _module()
+    # greedy 0.50 -> 0.60 and 0.40 -> 0.35 from iteration 15 to 30: differences +0.10, -0.05, mean +0.025
+    runs = {"OA+MA": {0: {"eval_success": {0: 0.3, 15: 0.5, 30: 0.6}, "eval_sampled_success": {0: 0.3, 15: 0.4, 30: 0.5}},
+                      1: {"eval_success": {0: 0.2, 15: 0.4, 30: 0.35}, "eval_sampled_success": {0: 0.3, 15: 0.4, 30: 0.6}}}}
+    lines = m.since(runs, m.Horizons(30), 15)
+    assert lines[0] == "## OA+MA: iteration 30 − iteration 15, paired by run (2 seeds)"
+    assert lines[2].startswith("- greedy success: +0.025 ± ") and lines[2].endswith("; higher in 1 of 2 runs")
+    assert lines[3].startswith("- sampled success: +0.150 ± ") and lines[3].endswith("; higher in 2 of 2 runs")
+    with pytest.raises(ValueError, match="OA\\+MA/seed-0 has no evaluation at iteration 20"):
+        m.since(runs, m.Horizons(30), 20)
+
+
+def test_the_report_adds_what_came_after_since(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for seed, greedy in enumerate([{0: 0.2, 1: 0.3, 2: 0.6}, {0: 0.4, 1: 0.5, 2: 0.5}]):
+        _curve_run(tmp_path / "runs" / "OA+MA" / f"seed-{seed}", greedy)
+    out = tmp_path / "r.md"
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--since", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "--horizon 2 --since 1 --out" in text
+    assert "## OA+MA: iteration 2 − iteration 1, paired by run (2 seeds)" in text
+    assert "- greedy success: +0.150 ± " in text and "higher in 1 of 2 runs" in text  # (+0.3 + 0.0) / 2
+    for bad in ("0", "2"):
+        assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--since", bad, "--out", str(out)]) == 2
+        assert f"--since: expected a point after 0 and before --horizon 2, got {bad}" in capsys.readouterr().err

@@ -72,3 +72,34 @@ def test_relative_links_resolve(page: Path):
         elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
             broken.append(f"{target}: no heading with that anchor")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def unlisted(lines: list[str], listed_under: str) -> list[str]:
+    """The headings a page's ``## Contents`` does not link to: every ``##`` section, and every ``###``
+    inside the ``##`` section named ``listed_under`` (docs/training.md's measured findings)."""
+    contents, wanted, section = set(), [], None
+    for line in lines:
+        m = re.match(r"(#{2,3}) (.+)", line)
+        if m:
+            level, heading = m.groups()
+            if level == "##":
+                section = heading
+                if heading != "Contents":
+                    wanted.append(heading)
+            elif section == listed_under:
+                wanted.append(heading)
+        elif section == "Contents":
+            contents.update(f for t in LINK.findall(line) for f in [t.partition("#")[2]] if t.startswith("#"))
+    return [h for h in wanted if slug(h) not in contents]
+
+
+def test_unlisted_by_hand():
+    page = ["## Contents", "* [A](#a)", "* [Findings](#findings)", "  - [Two x](#two-x)",
+            "## A", "### inner of A", "## Findings", "### Two x", "### Three y", "## B"]
+    assert unlisted(page, "Findings") == ["Three y", "B"]
+    assert unlisted(page, "A") == ["inner of A", "B"]
+
+
+def test_training_contents_links_every_section_and_finding():
+    page = ROOT / "docs" / "training.md"
+    assert unlisted(prose(page), "What limited learning") == []

@@ -634,6 +634,16 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
         for one, before in zip(averaged, saved + more, strict=True):
             assert one["seed"] == before["seed"] and one["threads"] == 2
             assert config_diff(before, one, ignore=RUN_ONLY) == ["optim.ema (saved 0.0, now 0.97)"]
+        # the same 16 runs continued from their iteration-375 checkpoints to 525 (a longer budget than target 2's)
+        longer = _evidence_configs(f"2026-12-05-grpo-525/{arm}")
+        for one, before in zip(longer, saved + more, strict=True):
+            assert one["seed"] == before["seed"] and one["threads"] == 2
+            assert config_diff(before, one, ignore=RUN_ONLY) == ["iterations (saved 375, now 525)"]
+            run = EVIDENCE / "2026-12-05-grpo-525" / arm / f"seed-{one['seed']}" / "metrics.jsonl"
+            first = EVIDENCE / ("2026-12-05-grpo-375" if one["seed"] < 5 else "2026-12-05-grpo-375-seeds-5-7") / arm
+            lines = run.read_text().splitlines()
+            assert lines[:376] == (first / f"seed-{one['seed']}" / "metrics.jsonl").read_text().splitlines()
+            assert [json.loads(ln)["iteration"] for ln in lines[376:]] == list(range(376, 526))
 
 
 @pytest.mark.parametrize("name", ["household-grpo-baseline", "household-grpo-oma", "household-grpo-oma-long-2026-12-04",
