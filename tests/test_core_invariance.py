@@ -66,19 +66,21 @@ def test_row_order(b, rnd):
         torch.testing.assert_close(all_weights(pb)[key], w[perm], rtol=1e-12, atol=1e-15)
 
 
-def test_equal_outcomes_are_equal_in_any_row_order():
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_equal_outcomes_are_equal_in_any_row_order(sign):
     """1, by hand: rows (0.1, 0.2, 0.3) and (0.3, 0.2, 0.1) summed as they come give 0.6000000000000001
-    and 0.6; the trajectory outcome sums each trajectory's rows in one order, so the two trajectories
-    tie exactly and their zero-spread group gets A = 0, not ±1e-16/σ (a case hypothesis found)."""
+    and 0.6; the trajectory outcome sums each trajectory's rows in one order fixed by their values, so
+    the two trajectories tie exactly and their zero-spread group gets A = 0, not ±1e-16/σ (a case
+    hypothesis found). A third trajectory in another group carries one score on every row."""
     assert (0.1 + 0.2) + 0.3 != (0.3 + 0.2) + 0.1
-    scores = torch.tensor([0.1, 0.2, 0.3, 0.3, 0.2, 0.1], dtype=torch.float64)
-    group, traj = torch.zeros(6, dtype=torch.int64), torch.tensor([0, 0, 0, 1, 1, 1])
+    scores = sign * torch.tensor([0.1, 0.2, 0.3, 0.3, 0.2, 0.1, 0.7, 0.7], dtype=torch.float64)
+    group, traj = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1]), torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
     r = trajectory_outcomes(scores, batch_structure(group, traj))
-    assert r[0].item() == r[1].item() == pytest.approx(0.2)
-    for perm in (torch.arange(6), torch.tensor([5, 0, 3, 1, 4, 2])):
+    assert r[0].item() == r[1].item() == pytest.approx(sign * 0.2) and r[2].item() == sign * 0.7
+    for perm in (torch.arange(8), torch.tensor([5, 7, 0, 3, 1, 6, 4, 2])):
         for estimator in ("grpo", "rloo"):
             adv = outcome_advantages(scores[perm], group[perm], traj[perm], accounting="trajectory", estimator=estimator)
-            assert torch.equal(adv, torch.zeros(6, dtype=torch.float64))
+            assert torch.equal(adv, torch.zeros(8, dtype=torch.float64))
 
 
 @given(batches, st.data())

@@ -74,17 +74,29 @@ class GroupOutcomeStats:
 def trajectory_outcomes(scores: Tensor, structure: BatchStructure) -> Tensor:
     """R_τ = mean of τ's rows' scores, float64 [T] (equals the stamped outcome when rows agree).
 
-    Each trajectory's rows are summed in ascending order of their scores, not in row order: float
-    addition is not associative, so rows (2.0, 1.9, 1.9) and (1.9, 1.9, 2.0) summed as they come can
-    differ in the last bit. In a group whose trajectories all have that outcome, one ulp would make
-    the spread non-zero and A ≈ 1e-16/ε ≈ 1e-10 instead of 0, and it would depend on row order
-    (docs/math.md#invariances). The canonical order makes R_τ bit-identical under any row order
-    where ``index_add_`` adds in order (CPU); rows that carry one stamped outcome sum as before.
+    A trajectory whose rows carry different scores is summed in an order fixed by the values, not in
+    row order: float addition is not associative, so rows (0.1, 0.2, 0.3) and (0.3, 0.2, 0.1) summed
+    as they come give 0.6000000000000001 and 0.6. In a group whose trajectories tie, that ulp would
+    make the spread non-zero and A ≈ 1e-16/ε ≈ 1e-10 instead of 0, and it would depend on row order
+    (docs/math.md#invariances). The order is that of the float64 bit patterns (an integer sort,
+    cheaper than a float one), so R_τ is bit-identical under any row order where
+    ``index_add_`` adds in order (CPU). Rows that all carry one score, as in ``oma train``, sum in any
+    order to the same bits and are not sorted.
     """
-    inverse = structure.traj.inverse
-    order = torch.argsort(scores, stable=True)
-    order = order[torch.argsort(inverse[order], stable=True)]  # by trajectory, then by score
-    return segment_sum(scores[order], inverse[order], structure.n_traj) / structure.traj.counts.to(torch.float64)
+    inverse, n = structure.traj.inverse, structure.n_traj
+    values = scores.to(torch.float64)
+    # one row's score of each trajectory, per row (index_select: a fraction of advanced indexing's cost)
+    first = values.new_empty(n).scatter_(0, inverse, values).index_select(0, inverse)
+    if not torch.equal(values, first):
+        differs = inverse[values != first]
+        varied = torch.zeros(n, dtype=torch.bool, device=values.device).index_fill_(0, differs, True)[inverse]
+        rows = varied.nonzero().squeeze(-1)
+        # index_add_ adds each trajectory's rows in the order they come, so ordering all of them by
+        # their bits orders every trajectory's; no grouping by trajectory is needed
+        rows = rows[torch.argsort(values[rows].view(torch.int64), stable=True)]
+        rows = torch.cat([(~varied).nonzero().squeeze(-1), rows])
+        values, inverse = values[rows], inverse[rows]
+    return segment_sum(values, inverse, n) / structure.traj.counts.to(torch.float64)
 
 
 def _members(scores: Tensor, structure: BatchStructure, accounting: str) -> tuple[Tensor, Tensor, Tensor | None]:
