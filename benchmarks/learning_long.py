@@ -223,8 +223,9 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"--last {args.last}: {e}", file=sys.stderr)
         return 2
+    unit = UNITS[args.unit]
     try:
-        since_lines = [] if args.since is None else since(ends, horizons, args.since, UNITS[args.unit])
+        since_lines = [] if args.since is None else since(ends, horizons, args.since, unit)
     except ValueError as e:
         print(f"--since {args.since}: {e}", file=sys.stderr)
         return 2
@@ -233,7 +234,6 @@ def main(argv: list[str]) -> int:
               f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
         return 2
     png = Path(args.out).with_suffix(".png")
-    unit = UNITS[args.unit]
     plot(runs, png, args.horizon, unit)
     lines = [
         f"# {preset} across seeds: held-out success gains",

@@ -80,21 +80,17 @@ def trajectory_outcomes(scores: Tensor, structure: BatchStructure) -> Tensor:
     make the spread non-zero and A ≈ 1e-16/ε ≈ 1e-10 instead of 0, and it would depend on row order
     (docs/math.md#invariances). The order is that of the float64 bit patterns (an integer sort,
     cheaper than a float one), so R_τ is bit-identical under any row order where
-    ``index_add_`` adds in order (CPU). Rows that all carry one score, as in ``oma train``, sum in any
-    order to the same bits and are not sorted.
+    ``index_add_`` adds in order (CPU). A batch whose trajectories' rows all carry one score, as in
+    ``oma train``, sums in any order to the same bits and is not sorted.
     """
     inverse, n = structure.traj.inverse, structure.n_traj
     values = scores.to(torch.float64)
     # one row's score of each trajectory, per row (index_select: a fraction of advanced indexing's cost)
     first = values.new_empty(n).scatter_(0, inverse, values).index_select(0, inverse)
     if not torch.equal(values, first):
-        differs = inverse[values != first]
-        varied = torch.zeros(n, dtype=torch.bool, device=values.device).index_fill_(0, differs, True)[inverse]
-        rows = varied.nonzero().squeeze(-1)
-        # index_add_ adds each trajectory's rows in the order they come, so ordering all of them by
-        # their bits orders every trajectory's; no grouping by trajectory is needed
-        rows = rows[torch.argsort(values[rows].view(torch.int64), stable=True)]
-        rows = torch.cat([(~varied).nonzero().squeeze(-1), rows])
+        # index_add_ adds each trajectory's rows in the order they come, so ordering every row by its
+        # bits orders every trajectory's (no grouping by trajectory needed; equal values tie harmlessly)
+        rows = torch.argsort(values.view(torch.int64), stable=True)
         values, inverse = values[rows], inverse[rows]
     return segment_sum(values, inverse, n) / structure.traj.counts.to(torch.float64)
 
