@@ -31,8 +31,8 @@ install: $(BIN)/oma-installed $(SKYRL_BIN)/oma-installed
 
 # Two environments: the main suite, then the tests against SkyRL itself (tests/with_skyrl).
 test: install
-	OMA_TESTS_NEED_VERL=1 $(BIN)/python -m pytest -q
-	OMA_TESTS_NEED_SKYRL=1 $(SKYRL_BIN)/python -m pytest -q tests/with_skyrl
+	OMA_TESTS_NEED_VERL=1 $(BIN)/python -m pytest -q --hypothesis-profile=ci
+	OMA_TESTS_NEED_SKYRL=1 $(SKYRL_BIN)/python -m pytest -q --hypothesis-profile=ci tests/with_skyrl
 
 # The default job (`oma train` with no arguments = configs/household-gigpo-oma.yaml): household, GiGPO with
 # OA + MA, tiny model, warm start included (cached after the first run).

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import reference as ref
@@ -33,8 +33,6 @@ batches = st.builds(
 stamped_batches = st.builds(  # the outcome stamped on every row, no per-step penalty
     lambda seed, groups: ref.make_batch(np.random.default_rng(seed), groups=groups), st.integers(0, 2**32 - 1), st.integers(1, 4)
 )
-settings.register_profile("oma", max_examples=60, deadline=None)
-settings.load_profile("oma")
 
 
 def all_advantages(b):
