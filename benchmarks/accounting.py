@@ -6,14 +6,16 @@ Run by hand (results committed as benchmarks/accounting.md):
 
 Batch: R rows, ≈20 rows per trajectory (uniform 10–30), groups of 8 trajectories, L=32 response
 tokens per row, binary outcomes. All timings in one run (ratios are what matter on a shared
-machine); each entry is the best of `--repeats` runs after one warm-up.
+machine); each entry is the time per call: the best of `--repeats` measurements, each the mean over as
+many calls as fill 0.2 s (timeit's autorange, whose own pass is the warm-up), so a 0.5-ms call is
+timed over hundreds of calls, not one.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
-import time
+import timeit
 from collections.abc import Callable
 
 import numpy as np
@@ -40,7 +42,7 @@ def make_batch(rows: int, seed: int = 0) -> dict:
     step = np.concatenate([np.arange(n) for n in k])[:rows]
     perm = rng.permutation(rows)  # rows arrive in no particular order
     traj, group, step = traj[perm], group[perm], step[perm]
-    scores = torch.from_numpy(outcome[traj])
+    scores = torch.from_numpy(outcome[traj])  # every row carries its trajectory's outcome, as in oma train
     n_tok = torch.from_numpy(rng.integers(1, LENGTH + 1, size=rows))
     mask = torch.arange(LENGTH) < n_tok.unsqueeze(-1)
     rewards = torch.zeros(rows, LENGTH)
@@ -52,6 +54,8 @@ def make_batch(rows: int, seed: int = 0) -> dict:
         "step": torch.from_numpy(step),
         "anchor": torch.from_numpy(rng.integers(0, 50, size=rows)),
         "step_rewards": torch.from_numpy(rng.normal(size=rows).astype(np.float32)),
+        # a score that differs between a trajectory's rows (per-step penalties): trajectory_outcomes sorts them
+        "scores_varied": scores - 0.01 * torch.from_numpy(step.astype(np.float32)),
         "mask": mask,
         "rewards": rewards,
         "uid_int": group,
@@ -59,20 +63,19 @@ def make_batch(rows: int, seed: int = 0) -> dict:
     }
 
 
-def best_of(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def per_call(fn: Callable[[], object], repeats: int) -> float:
+    """Seconds per call: the best of ``repeats`` means over as many calls as fill 0.2 s."""
+    timer = timeit.Timer(fn)
+    number, _ = timer.autorange()
+    return min(timer.repeat(repeat=repeats, number=number)) / number
 
 
 def cases(b: dict) -> dict[str, Callable[[], object]]:
     return {
         "oma outcome_advantages (row)": lambda: outcome_advantages(b["scores"], b["group"], b["traj"], accounting="row"),
         "oma outcome_advantages (trajectory)": lambda: outcome_advantages(b["scores"], b["group"], b["traj"], accounting="trajectory"),
+        "oma outcome_advantages (trajectory, rows' scores differ)": lambda: outcome_advantages(
+            b["scores_varied"], b["group"], b["traj"], accounting="trajectory"),
         "oma gigpo_advantages (trajectory)": lambda: gigpo_advantages(
             b["scores"], b["step_rewards"], b["anchor"], b["group"], b["traj"], b["step"]),
         "oma token_weights (token-mean, uniform)": lambda: token_weights(b["mask"], b["group"], b["traj"]),
@@ -101,9 +104,9 @@ def main() -> None:
         for name, fn in track(list(cases(batch).items()), description=f"R={rows:,}"):
             # verl's loop version costs ~seconds at 10^6 rows: one timed run is enough there
             repeats = 1 if "loop" in name and rows >= 1_000_000 else args.repeats
-            results[rows][name] = best_of(fn, repeats)
+            results[rows][name] = per_call(fn, repeats)
     names = list(next(iter(results.values())))
-    table = Table(title="seconds (best of runs), 1 thread")
+    table = Table(title="seconds per call (best of means), 1 thread")
     table.add_column("function")
     for rows in args.sizes:
         table.add_column(f"R={rows:,}", justify="right")
@@ -119,12 +122,16 @@ def main() -> None:
         "Command: `.venv/bin/python benchmarks/accounting.py --out benchmarks/accounting.md`",
         "",
         f"Machine: {platform.machine()}, {platform.python_version()}, torch {torch.__version__}, 1 thread "
-        f"(`torch.set_num_threads(1)`), shared 2-core CPU. Best of {args.repeats} runs after a warm-up "
-        "(verl's loop version: one run at 10^6 rows).",
+        f"(`torch.set_num_threads(1)`), shared 2-core CPU. Seconds per call: the best of {args.repeats} "
+        "measurements, each the mean over as many calls as fill 0.2 s (timeit's autorange, after its own pass; "
+        "verl's loop version at 10^6 rows: one measurement of one call).",
         "",
         f"Batch: ≈20 rows per trajectory (10–30), groups of {GROUP_SIZE} trajectories, L={LENGTH}, rows shuffled. "
         "Ids are dense integers (as oma's trainer assigns them), which `oma.core` segments by counting; "
-        "sparse ids (hashes) take `torch.unique`'s sort instead (about 4x slower at 10^6 rows).",
+        "sparse ids (hashes) take `torch.unique`'s sort instead (about 4x slower at 10^6 rows). Every row carries its "
+        "trajectory's outcome, as in `oma train`; the row \"rows' scores differ\" takes 0.01 per step off each row's "
+        "score, so `trajectory_outcomes` sorts the rows by value to sum them in an order independent of row order "
+        "(docs/math.md#invariances).",
         "",
         "| function | " + " | ".join(f"R={r:,} (s)" for r in args.sizes) + f" | µs/row at {small:,} | µs/row at {big:,} |",
         "|---|" + "---:|" * (len(args.sizes) + 2),

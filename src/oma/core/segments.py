@@ -48,7 +48,7 @@ def segments(ids: Tensor) -> Segments:
             occupied = torch.bincount(ids.to(torch.int64), minlength=hi + 1)
             present = occupied > 0
             dense = torch.cumsum(present, 0) - 1  # id -> segment number
-            return Segments(present.nonzero().squeeze(-1).to(ids.dtype), dense[ids.to(torch.int64)], occupied[present])
+            return Segments(present.nonzero().squeeze(-1).to(ids.dtype), dense.index_select(0, ids.to(torch.int64)), occupied[present])
     uniq, inverse, counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
     return Segments(uniq, inverse, counts)
 
@@ -89,7 +89,7 @@ def segment_mean_std(values: Tensor, inverse: Tensor, counts: Tensor) -> Segment
     v = values.to(torch.float64)
     cnt = counts.to(torch.float64)
     mean = segment_sum(v, inverse, n) / cnt.clamp_min(1.0)
-    dev = v - mean[inverse]
+    dev = v - mean.index_select(0, inverse)
     var = segment_sum(dev * dev, inverse, n) / (cnt - 1.0).clamp_min(1.0)
     std = torch.where(counts >= 2, var.sqrt(), torch.zeros_like(var))
     zero_spread = _segment_extreme(v, inverse, n, "amax") == _segment_extreme(v, inverse, n, "amin")
@@ -172,11 +172,11 @@ def batch_structure(group_index: Tensor, traj_index: Tensor) -> BatchStructure:
     g = group_index.to(torch.int64)
     # Any row's group stands for its trajectory; a row that disagrees exposes a split trajectory.
     g_traj = torch.empty(traj.n, dtype=torch.int64, device=g.device).scatter_(0, traj.inverse, g)
-    split = g != g_traj[traj.inverse]
+    split = g != g_traj.index_select(0, traj.inverse)
     if bool(split.any()):
         r = int(split.nonzero()[0, 0])
         n_split = int(torch.unique(traj.inverse[split]).numel())
         pair = sorted((int(g_traj[traj.inverse[r]]), int(g[r])))
         raise TrajectorySplitError(int(traj_index[r]), (pair[0], pair[1]), n_split)
     group_ids, traj_group = torch.unique(g_traj, sorted=True, return_inverse=True)
-    return BatchStructure(traj=traj, group_ids=group_ids, traj_group=traj_group, row_group=traj_group[traj.inverse])
+    return BatchStructure(traj=traj, group_ids=group_ids, traj_group=traj_group, row_group=traj_group.index_select(0, traj.inverse))
