@@ -51,6 +51,14 @@ benchmarks/learning-default-375-last-3.md, the 375-iteration runs of both accoun
         --preset configs/household-gigpo-oma-375.yaml --horizon 375 --last 3 --command TEXT \
         --out benchmarks/learning-default-375-last-3.md
 
+No rule that picks a checkpoint (early stopping, the best one on a validation set) can report more than
+``--best`` reads: each run's best greedy evaluation after 0 up to its horizon, chosen on the very tasks it
+is scored on, with the sampled success of that evaluation (benchmarks/learning-grpo-375-best.md):
+
+    .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-grpo-375 \
+        benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --preset configs/household-grpo-oma-long.yaml \
+        --horizon 375 --best --command TEXT --out benchmarks/learning-grpo-375-best.md
+
 More seeds of the same study trained later into another folder are read with it as one study by
 naming both folders (benchmarks/learning-grpo-375-8-seeds.md: target 2's preset over seeds 0-4 and 5-7):
 
@@ -184,7 +192,14 @@ def main(argv: list[str]) -> int:
                    help="read each run's end as the mean of its last LAST held-out evaluations up to its horizon "
                         "(after iteration 0), a reading less sensitive to one evaluation's swing (default 1: the "
                         "evaluation at the horizon)")
+    p.add_argument("--best", action="store_true",
+                   help="read each run's end as its best greedy evaluation after 0 up to its horizon, with the sampled "
+                        "success of that evaluation: chosen on the tasks it is scored on, an upper bound on what any "
+                        "checkpoint selection could report (not with --last or --since)")
     args = p.parse_args(argv)
+    if args.best and (args.last != 1 or args.since is not None):
+        print("--best: not with --last or --since (each reads the run's end its own way)", file=sys.stderr)
+        return 2
     if args.last < 1:
         print(f"--last: expected a count of evaluations >= 1, got {args.last}", file=sys.stderr)
         return 2
@@ -219,9 +234,9 @@ def main(argv: list[str]) -> int:
             continue
         runs.setdefault(variant, {})[int(seed)] = c
     try:
-        ends = averaged_ends(runs, horizons, args.last)
+        ends = best_ends(runs, horizons) if args.best else averaged_ends(runs, horizons, args.last)
     except ValueError as e:
-        print(f"--last {args.last}: {e}", file=sys.stderr)
+        print(f"{'--best' if args.best else f'--last {args.last}'}: {e}", file=sys.stderr)
         return 2
     unit = UNITS[args.unit]
     try:
@@ -245,7 +260,8 @@ def main(argv: list[str]) -> int:
         f"{'' if args.baseline is None else f' --baseline {args.baseline!r}'}"
         f"{'' if args.baseline_horizon is None else f' --baseline-horizon {args.baseline_horizon}'}"
         f"{'' if args.since is None else f' --since {args.since}'}"
-        f"{' --command TEXT' if args.command else ''}{'' if args.last == 1 else f' --last {args.last}'} --out {args.out}`.",
+        f"{' --command TEXT' if args.command else ''}{'' if args.last == 1 else f' --last {args.last}'}"
+        f"{' --best' if args.best else ''} --out {args.out}`.",
         f"Held-out success on 128 tasks at {unit}s 0 (the warm start) to {args.horizon}; gain = {unit} "
         f"{args.horizon} − {unit} 0, per seed; mean ± 95% Student-t CI over seeds. {TARGETS[args.target]}"
         + ("" if args.baseline_horizon is None else
@@ -255,7 +271,12 @@ def main(argv: list[str]) -> int:
            f" **Each run's end is its endpoint success, the mean of its last {args.last} evaluations up to its "
            f"horizon** (docs/experiments.md#the-metrics; for the horizon {args.horizon}: {unit}s "
            f"{', '.join(map(str, last_evaluations(runs, args.horizon, args.last)))}), in every table and the "
-           "gains' plot; the learning curves show every evaluation."),
+           "gains' plot; the learning curves show every evaluation.")
+        + ("" if not args.best else
+           " **Each run's end is its best greedy evaluation after 0 up to its horizon, with the sampled success of "
+           "that same evaluation**, in every table and the gains' plot: a checkpoint chosen on the held-out tasks it is "
+           "scored on, so an upper bound on what early stopping or any other checkpoint selection could report, "
+           "not a result; the learning curves show every evaluation."),
         "",
     ]
     if len(runs) >= 2:
@@ -276,6 +297,9 @@ def main(argv: list[str]) -> int:
                     cells.append("met" if meets_target(start, end) else "not met")
             lines.append(f"| {seed} | " + " | ".join(cells) + " |")
         lines.append("")
+        if args.best:
+            lines += ["Chosen evaluations (" + unit + "): " + ", ".join(
+                f"seed {seed}: {best_evaluation(c, horizons[variant])}" for seed, c in sorted(runs[variant].items())), ""]
         for m, label in METRICS.items():
             gains = seed_gains(seeds, m, horizons[variant])
             if len(gains) >= 2:
@@ -350,6 +374,35 @@ def averaged_ends(runs: dict[str, dict[int, dict]], horizons: Horizons, k: int) 
                     raise ValueError(f"{variant}/seed-{seed} has fewer than {k} {METRICS[m]} evaluations after 0 up to {h}")
                 new[m] = {**curve, h: endpoint(its, [curve[i] for i in its], h, k)}
             out.setdefault(variant, {})[seed] = new
+    return out
+
+
+def best_evaluation(curve: dict[str, dict[int, float]], horizon: int) -> int:
+    """The evaluation :func:`best_ends` picks: the highest greedy success after 0 up to ``horizon``, the
+    earliest on a tie. E.g. greedy {0: .1, 15: .4, 30: .2, 45: .4}, horizon 45: 15."""
+    its = [i for i in sorted(curve["eval_success"]) if 0 < i <= horizon]
+    if not its:
+        raise ValueError(f"no greedy evaluation after 0 up to {horizon}")
+    return max(its, key=lambda i: (curve["eval_success"][i], -i))
+
+
+def best_ends(runs: dict[str, dict[int, dict]], horizons: Horizons) -> dict[str, dict[int, dict]]:
+    """``runs`` with each curve's value at its variant's horizon replaced by its value at the
+    :func:`best_evaluation`, greedy and sampled alike (one checkpoint, chosen by greedy success). E.g. greedy
+    {0: .1, 15: .4, 30: .2, 45: .3} and sampled {0: .2, 15: .3, 30: .5, 45: .6}, horizon 45: the ends become
+    .4 and .3. A run with no sampled evaluation there is refused (ValueError naming it)."""
+    out: dict[str, dict[int, dict]] = {}
+    for variant, seeds in runs.items():
+        h = horizons[variant]
+        for seed, c in seeds.items():
+            try:
+                i = best_evaluation(c, h)
+            except ValueError as e:
+                raise ValueError(f"{variant}/seed-{seed}: {e}") from None
+            missing = [METRICS[m] for m, curve in c.items() if i not in curve]
+            if missing:
+                raise ValueError(f"{variant}/seed-{seed} has no {' or '.join(missing)} evaluation at {i}, its best greedy one")
+            out.setdefault(variant, {})[seed] = {m: {**curve, h: curve[i]} for m, curve in c.items()}
     return out
 
 

@@ -84,6 +84,44 @@ def test_the_report_reads_the_mean_of_the_last_evaluations(tmp_path: Path, capsy
     assert "--last: expected a count of evaluations >= 1, got 0" in capsys.readouterr().err
 
 
+def test_the_end_as_the_best_greedy_evaluation_by_hand() -> None:
+    m = _module()
+    curve = {"eval_success": {0: 0.1, 15: 0.4, 30: 0.2, 45: 0.3, 60: 0.9},
+             "eval_sampled_success": {0: 0.2, 15: 0.3, 30: 0.5, 45: 0.6, 60: 0.1}}
+    runs = {"OA+MA": {0: curve}, "short": {0: curve}}
+    assert m.best_evaluation(curve, 45) == 15 and m.best_evaluation(curve, 60) == 60
+    assert m.best_evaluation({"eval_success": {0: 0.1, 15: 0.4, 30: 0.4}}, 30) == 15  # a tie: the earliest
+    ends = m.best_ends(runs, m.Horizons(45, "short", 30))
+    assert ends["OA+MA"][0]["eval_success"][45] == 0.4 and ends["OA+MA"][0]["eval_sampled_success"][45] == 0.3
+    assert ends["short"][0]["eval_success"][30] == 0.4  # read at its own horizon
+    assert ends["OA+MA"][0]["eval_success"][0] == 0.1 and curve["eval_success"][45] == 0.3  # warm start and input kept
+    with pytest.raises(ValueError, match="OA\\+MA/seed-0: no greedy evaluation after 0 up to 10"):
+        m.best_ends(runs, m.Horizons(10))
+    gap = {"eval_success": {0: 0.1, 15: 0.4, 30: 0.2}, "eval_sampled_success": {0: 0.2, 30: 0.5}}
+    with pytest.raises(ValueError, match="OA\\+MA/seed-1 has no sampled evaluation at 15, its best greedy one"):
+        m.best_ends({"OA+MA": {1: gap}}, m.Horizons(30))
+
+
+def test_the_report_reads_the_best_evaluation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for seed, (mid, end) in enumerate([(0.6, 0.4), (0.3, 0.35)]):  # best greedy gains +0.40 (at 1) and +0.15 (at 2)
+        d = tmp_path / "runs" / "OA+MA" / f"seed-{seed}"
+        d.mkdir(parents=True)
+        rows = [{"iteration": i, "eval_success": g, "eval_sampled_success": x}
+                for i, g, x in ((0, 0.2, 0.5), (1, mid, 0.7), (2, end, 0.6))]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "r.md"
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--best", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "--horizon 2 --best --out" in text and "an upper bound on what early stopping" in text
+    assert "| 0 | 0.200 | 0.600 | +0.400 | met | 0.500 | 0.700 | +0.200 |" in text  # the sampled of iteration 1
+    assert "| 1 | 0.200 | 0.350 | +0.150 | not met | 0.500 | 0.600 | +0.100 |" in text
+    assert "Chosen evaluations (iteration): seed 0: 1, seed 1: 2" in text
+    assert "**greedy gain: +0.275 ±" in text
+    for bad in (["--last", "2"], ["--since", "1"]):
+        assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--best", *bad, "--out", str(out)]) == 2
+        assert "--best: not with --last or --since" in capsys.readouterr().err
+
+
 def test_an_empty_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert _module().main([str(tmp_path), "--out", str(tmp_path / "r.md")]) == 2
     assert "no runs found" in capsys.readouterr().err
@@ -378,6 +416,10 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
     ("learning-grpo-525-last-3", "2026-12-05-grpo-525",  # the same runs, each end the mean of 3 evaluations
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375",
       "--last", "3"]),
+    ("learning-grpo-375-best", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),  # an oracle's checkpoint
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--best"]),
+    ("learning-grpo-525-best", "2026-12-05-grpo-525",
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--best"]),
     ("learning-default-75-accounting", "2026-12-05-accounting-75",  # row+native, the baseline unless named
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "75"]),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target
