@@ -416,6 +416,11 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
     ("learning-grpo-525-last-3", "2026-12-05-grpo-525",  # the same runs, each end the mean of 3 evaluations
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375",
       "--last", "3"]),
+    ("learning-grpo-375-10-seeds",  # seeds 8-9 trained to 525, read at 375 (the preset's end)
+     ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7", "2026-12-05-grpo-525-seeds-8-9"),
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+    ("learning-grpo-525-10-seeds", ("2026-12-05-grpo-525", "2026-12-05-grpo-525-seeds-8-9"),
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
     ("learning-grpo-375-best", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),  # an oracle's checkpoint
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--best"]),
     ("learning-grpo-525-best", "2026-12-05-grpo-525",
