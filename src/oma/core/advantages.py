@@ -260,8 +260,8 @@ def discounted_returns(step_rewards: Tensor, traj_index: Tensor, step_index: Ten
         return torch.zeros(0, dtype=torch.float64, device=step_rewards.device)
     traj = segments(traj_index)
     order = torch.argsort(step_index, stable=True)
-    order = order[torch.argsort(traj.inverse[order], stable=True)]
-    t_sorted, s_sorted = traj.inverse[order], step_index[order]
+    order = order.index_select(0, torch.argsort(traj.inverse.index_select(0, order), stable=True))
+    t_sorted, s_sorted = traj.inverse.index_select(0, order), step_index.index_select(0, order)
     same_traj = t_sorted[1:] == t_sorted[:-1]
     dup = same_traj & (s_sorted[1:] == s_sorted[:-1])
     if bool(dup.any()):
@@ -271,15 +271,15 @@ def discounted_returns(step_rewards: Tensor, traj_index: Tensor, step_index: Ten
         )
     # State per sorted row i: G_i = a_i + b_i · G_{p_i}; row `rows` is a sentinel with G = 0.
     device = step_rewards.device
-    a = torch.cat([step_rewards[order].to(torch.float64), torch.zeros(1, dtype=torch.float64, device=device)])
+    a = torch.cat([step_rewards.index_select(0, order).to(torch.float64), torch.zeros(1, dtype=torch.float64, device=device)])
     has_next = torch.cat([same_traj, torch.zeros(2, dtype=torch.bool, device=device)])  # [rows + 1]
     p = torch.where(has_next, torch.arange(1, rows + 2, device=device), torch.full_like(has_next, rows, dtype=torch.int64))
     b = has_next.to(torch.float64) * float(gamma)
     longest = int(traj.counts.max())
     for _ in range(max(0, (longest - 1).bit_length())):
-        a = a + b * a[p]
-        b = b * b[p]
-        p = p[p]
+        a = a + b * a.index_select(0, p)
+        b = b * b.index_select(0, p)
+        p = p.index_select(0, p)
     out = torch.empty(rows, dtype=torch.float64, device=device)
     out[order] = a[:-1]
     return out
