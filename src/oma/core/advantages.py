@@ -85,7 +85,7 @@ def trajectory_outcomes(scores: Tensor, structure: BatchStructure) -> Tensor:
     """
     inverse, n = structure.traj.inverse, structure.n_traj
     values = scores.to(torch.float64)
-    # one row's score of each trajectory, per row (index_select: a fraction of advanced indexing's cost)
+    # one row's score of each trajectory, per row
     first = values.new_empty(n).scatter_(0, inverse, values).index_select(0, inverse)
     if not torch.equal(values, first):
         # index_add_ adds each trajectory's rows in the order they come, so ordering every row by its
@@ -271,7 +271,8 @@ def discounted_returns(step_rewards: Tensor, traj_index: Tensor, step_index: Ten
         )
     # State per sorted row i: G_i = a_i + b_i · G_{p_i}; row `rows` is a sentinel with G = 0.
     device = step_rewards.device
-    a = torch.cat([step_rewards.index_select(0, order).to(torch.float64), torch.zeros(1, dtype=torch.float64, device=device)])
+    sentinel = torch.zeros(1, dtype=torch.float64, device=device)
+    a = torch.cat([step_rewards.index_select(0, order).to(torch.float64), sentinel])
     has_next = torch.cat([same_traj, torch.zeros(2, dtype=torch.bool, device=device)])  # [rows + 1]
     p = torch.where(has_next, torch.arange(1, rows + 2, device=device), torch.full_like(has_next, rows, dtype=torch.int64))
     b = has_next.to(torch.float64) * float(gamma)
