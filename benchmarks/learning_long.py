@@ -98,6 +98,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from oma.experiments.stats import Estimate, endpoint, endpoint_iterations, mean_ci, paired_diff
@@ -239,8 +241,9 @@ def main(argv: list[str]) -> int:
         print(f"{'--best' if args.best else f'--last {args.last}'}: {e}", file=sys.stderr)
         return 2
     unit = UNITS[args.unit]
+    at = partial(end_name, unit, last=args.last, best=args.best)
     try:
-        since_lines = [] if args.since is None else since(ends, horizons, args.since, unit)
+        since_lines = [] if args.since is None else since(ends, horizons, args.since, unit, at)
     except ValueError as e:
         print(f"--since {args.since}: {e}", file=sys.stderr)
         return 2
@@ -310,7 +313,7 @@ def main(argv: list[str]) -> int:
             else:
                 lines.append(f"- {label} gain: {gains[0]:+.3f} (one seed)")
         lines.append("")
-    lines += paired(ends, horizons, baseline, unit)
+    lines += paired(ends, horizons, baseline, unit, at)
     lines += since_lines
     if unfinished:
         lines += [f"Not finished at the horizon, left out: {', '.join(unfinished)}.", ""]
@@ -416,10 +419,21 @@ def seed_gains(seeds: dict[int, dict], metric: str, horizon: int, only: list[int
     return [gain(seeds[k], metric, horizon) for k in (sorted(seeds) if only is None else only)]
 
 
-def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, unit: str = "iteration") -> list[str]:
-    """Each variant − ``baseline``, gain against gain and success against success, each at its horizon, over
-    the seeds both finished (the success difference is what a user of either gets; with the same warm
-    starts it equals the gain difference)."""
+def end_name(unit: str, horizon: int, last: int = 1, best: bool = False) -> str:
+    """How the report reads a run's end at ``horizon``, for the paired tables' labels: e.g. "iteration
+    375", "the mean of the last 3 evaluations up to iteration 375" (``--last 3``), "the best
+    evaluation up to iteration 375" (``--best``)."""
+    if best:
+        return f"the best evaluation up to {unit} {horizon}"
+    return f"{unit} {horizon}" if last == 1 else f"the mean of the last {last} evaluations up to {unit} {horizon}"
+
+
+def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, unit: str = "iteration",
+           at: Callable[[int], str] | None = None) -> list[str]:
+    """Each variant − ``baseline``, gain against gain and success against success, each at its end (``at``
+    names it; default: the evaluation at its horizon), over the seeds both finished (the success
+    difference is what a user of either gets; with the same warm starts it equals the gain difference)."""
+    at = at or partial(end_name, unit)
     b = runs.get(baseline, {})
     lines: list[str] = []
     for variant, a in runs.items():
@@ -428,18 +442,19 @@ def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, 
             continue
         lines += [f"## {variant} − {baseline}, paired by seed ({len(seeds)} seeds)", ""]
         ha, hb = horizons[variant], horizons[baseline]
-        at = f"{unit} {ha}" if ha == hb else f"{unit} {ha} against {hb}"
+        where = at(ha) if ha == hb else f"{at(ha)} against {hb}"
         for m, label in METRICS.items():
             for what, e in (("gain", paired_diff(seed_gains(a, m, ha, seeds), seed_gains(b, m, hb, seeds))),
-                            (f"success at {at}", paired_diff([a[k][m][ha] for k in seeds], [b[k][m][hb] for k in seeds]))):
+                            (f"success at {where}", paired_diff([a[k][m][ha] for k in seeds], [b[k][m][hb] for k in seeds]))):
                 lines.append(f"- {label} {what}: {e.mean:+.3f} ± {e.half_width:.3f} "
                              f"(95% CI [{e.lo:+.3f}, {e.hi:+.3f}], p = {e.p:.2g})")
         lines.append("")
     return lines
 
 
-def since(runs: dict[str, dict[int, dict]], horizons: Horizons, start: int, unit: str = "iteration") -> list[str]:
-    """Each variant's success at its horizon (its end as the report reads it) minus its evaluation at
+def since(runs: dict[str, dict[int, dict]], horizons: Horizons, start: int, unit: str = "iteration",
+          at: Callable[[int], str] | None = None) -> list[str]:
+    """Each variant's success at its horizon (its end as the report reads it, named by ``at``) minus its evaluation at
     ``start``, paired by run (:func:`paired_diff`): what the training after ``start`` added, and in how
     many runs it rose. E.g. greedy 0.50 → 0.60 and 0.40 → 0.35 from ``start`` to the horizon: +0.025,
     higher in 1 of 2 runs. A run not evaluated at ``start`` is refused (ValueError naming it)."""
@@ -451,7 +466,8 @@ def since(runs: dict[str, dict[int, dict]], horizons: Horizons, start: int, unit
                 raise ValueError(f"{variant}/seed-{k} has no evaluation at {unit} {start}")
         if len(order) < 2:
             continue
-        lines += [f"## {variant}: {unit} {h} − {unit} {start}, paired by run ({len(order)} seeds)", ""]
+        lines += [f"## {variant}: {(at or partial(end_name, unit))(h)} − {unit} {start}, paired by run ({len(order)} seeds)",
+                  ""]
         for m, label in METRICS.items():
             end, before = [seeds[k][m][h] for k in order], [seeds[k][m][start] for k in order]
             e = paired_diff(end, before)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -78,6 +79,11 @@ def test_the_report_reads_the_mean_of_the_last_evaluations(tmp_path: Path, capsy
     assert "| 0 | 0.200 | 0.500 | +0.300 | met |" in text  # (0.4 + 0.6) / 2 = 0.5
     assert "| 1 | 0.200 | 0.300 | +0.100 | not met |" in text
     assert "**greedy gain: +0.200 ±" in text
+    # the paired tables name the end they read, not the evaluation at the horizon
+    assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--last", "2", "--since", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## OA+MA: the mean of the last 2 evaluations up to iteration 2 − iteration 1, paired by run (2 seeds)" in text
+    assert "- greedy success: +0.050 ± " in text  # (0.5 - 0.4 + 0.3 - 0.3) / 2
     assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--last", "3", "--out", str(out)]) == 2
     assert "--last 3: OA+MA/seed-0 has fewer than 3 greedy evaluations after 0 up to 2" in capsys.readouterr().err
     assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--last", "0", "--out", str(out)]) == 2
@@ -103,8 +109,9 @@ def test_the_end_as_the_best_greedy_evaluation_by_hand() -> None:
 
 
 def test_the_report_reads_the_best_evaluation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for seed, (mid, end) in enumerate([(0.6, 0.4), (0.3, 0.35)]):  # best greedy gains +0.40 (at 1) and +0.15 (at 2)
-        d = tmp_path / "runs" / "OA+MA" / f"seed-{seed}"
+    # best greedy gains +0.40 (at 1) and +0.15 (at 2); row+native's runs are the same, so its paired table shows
+    for variant, (seed, (mid, end)) in itertools.product(("OA+MA", "row+native"), enumerate([(0.6, 0.4), (0.3, 0.35)])):
+        d = tmp_path / "runs" / variant / f"seed-{seed}"
         d.mkdir(parents=True)
         rows = [{"iteration": i, "eval_success": g, "eval_sampled_success": x}
                 for i, g, x in ((0, 0.2, 0.5), (1, mid, 0.7), (2, end, 0.6))]
@@ -117,6 +124,8 @@ def test_the_report_reads_the_best_evaluation(tmp_path: Path, capsys: pytest.Cap
     assert "| 1 | 0.200 | 0.350 | +0.150 | not met | 0.500 | 0.600 | +0.100 |" in text
     assert "Chosen evaluations (iteration): seed 0: 1, seed 1: 2" in text
     assert "**greedy gain: +0.275 ±" in text
+    paired = [ln for ln in text.splitlines() if "success at" in ln]
+    assert len(paired) == 2 and all("success at the best evaluation up to iteration 2: +0.000 ±" in ln for ln in paired)
     for bad in (["--last", "2"], ["--since", "1"]):
         assert _module().main([str(tmp_path / "runs"), "--horizon", "2", "--best", *bad, "--out", str(out)]) == 2
         assert "--best: not with --last or --since" in capsys.readouterr().err
@@ -447,6 +456,13 @@ def test_a_committed_page_is_what_its_committed_runs_give(tmp_path: Path, page: 
     committed = body((root / f"{page}.md").read_text())
     assert sum(ln.startswith("| ") for ln in committed) > 5  # a header and 5 seeds at least
     assert body(out.read_text()) == committed
+
+
+def test_each_reading_of_a_runs_end_is_named() -> None:
+    m = _module()
+    assert m.end_name("iteration", 375) == "iteration 375"
+    assert m.end_name("episode", 60, last=3) == "the mean of the last 3 evaluations up to episode 60"
+    assert m.end_name("iteration", 525, best=True) == "the best evaluation up to iteration 525"
 
 
 def test_what_the_iterations_after_a_point_added_by_hand() -> None:
