@@ -36,6 +36,7 @@ import re
 import sys
 from pathlib import Path
 
+from oma.experiments.plan import study_runs
 from oma.experiments.stats import Estimate, mean_ci, paired_diff
 from oma.train.loop import read_metrics
 
@@ -85,25 +86,25 @@ def read_run(run_dir: Path, horizon: int, live_dir: Path | None = None) -> dict[
 def read_arms(roots: list[Path], horizon: int,
               live_roots: list[Path] | None = None) -> dict[str, dict[int, dict[str, dict[str, float]]]]:
     """``{arm: {seed: read_run(...)}}`` over every ROOT/<arm>/seed-K of ``roots`` (more seeds of one study
-    trained into several folders), each paired with the one ``live_roots`` folder that holds the same
-    <arm>/seed-K. Refused (SystemExit naming the folders): one arm's seed in two of ``roots``, and a run
-    whose live twin is in none or in two of ``live_roots``."""
+    trained into several folders: :func:`oma.experiments.plan.study_runs`), each paired with the one
+    ``live_roots`` folder that holds the same <arm>/seed-K. Refused (SystemExit naming the folders): a
+    folder without runs, one arm's seed in two of ``roots``, and a run whose live twin is in none or in
+    two of ``live_roots``."""
+    try:
+        found, _ = study_runs(roots)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     arms: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
-    for root in roots:
-        for arm in sorted(p for p in root.iterdir() if p.is_dir()):
-            for run in sorted(arm.glob("seed-*")):  # seeds are put in order below, across every folder
-                seed = int(run.name.split("-")[1])
-                if seed in arms.get(arm.name, {}):
-                    raise SystemExit(f"{arm.name}/{run.name} is in two of {', '.join(map(str, roots))}: "
-                                     "one seed would count twice")
-                live = None
-                if live_roots is not None:
-                    twins = [d / arm.name / run.name for d in live_roots if (d / arm.name / run.name).is_dir()]
-                    if len(twins) != 1:
-                        raise SystemExit(f"{run}: expected its live twin {arm.name}/{run.name} in exactly one of "
-                                         f"{', '.join(map(str, live_roots))}, found {len(twins)}")
-                    live = twins[0]
-                arms.setdefault(arm.name, {})[seed] = read_run(run, horizon, live)
+    for key, run in found.items():  # seeds are put in order below, across every folder
+        arm, seed = run.parent.name, int(run.name.split("-")[1])
+        live = None
+        if live_roots is not None:
+            twins = [d / key for d in live_roots if (d / key).is_dir()]
+            if len(twins) != 1:
+                raise SystemExit(f"{run}: expected its live twin {key} in exactly one of "
+                                 f"{', '.join(map(str, live_roots))}, found {len(twins)}")
+            live = twins[0]
+        arms.setdefault(arm, {})[seed] = read_run(run, horizon, live)
     return {arm: dict(sorted(seeds.items())) for arm, seeds in sorted(arms.items())}
 
 

@@ -102,6 +102,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from oma.experiments.plan import study_runs
 from oma.experiments.stats import Estimate, endpoint, endpoint_iterations, mean_ci, paired_diff
 
 METRICS = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
@@ -211,7 +212,7 @@ def main(argv: list[str]) -> int:
     per_run = args.target == "long"
     roots = [Path(r) for r in args.runs_dir]
     try:
-        found, recorded = discover(roots)
+        found, recorded = study_runs(roots)
     except ValueError as e:
         print(e, file=sys.stderr)
         return 2
@@ -321,32 +322,6 @@ def main(argv: list[str]) -> int:
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
-
-
-def discover(roots: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
-    """Every run of ``roots`` as ``{"<variant>/seed-K": its folder}``, in the folders' order, with what a
-    comparison's compare.json records (its ``command`` and ``config_path``, from the first folder that has
-    one). A folder with compare.json holds that comparison's runs; any other folder DIR/<variant>/seed-K.
-    Refused (ValueError naming the folders): a folder without runs, and one variant's seed in two folders,
-    which would count one seed twice."""
-    found: dict[str, Path] = {}
-    recorded: dict[str, str] = {}
-    for root in roots:
-        if (root / "compare.json").is_file():
-            doc = json.loads((root / "compare.json").read_text())
-            keys = list(doc["runs"])
-            for field in ("command", "config_path"):
-                if doc.get(field) and field not in recorded:
-                    recorded[field] = doc[field]
-        else:
-            keys = sorted(f"{d.parent.name}/{d.name}" for d in root.glob("*/seed-*") if d.is_dir())
-        if not keys:
-            raise ValueError(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)")
-        for key in keys:
-            if key in found:
-                raise ValueError(f"{key} is in both {found[key].parents[1]} and {root}: one seed would count twice")
-            found[key] = root / key
-    return found, recorded
 
 
 def last_evaluations(runs: dict[str, dict[int, dict]], horizon: int, k: int) -> list[int]:

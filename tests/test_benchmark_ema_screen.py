@@ -140,9 +140,12 @@ def test_a_seed_twice_or_a_run_without_one_live_twin_is_refused(tmp_path: Path) 
     _pair(tmp_path / "first", "a", 0, 0.25, 0.5, 0.75)
     _pair(tmp_path / "later", "a", 0, 0.25, 0.5, 0.75)
     first, later = tmp_path / "first", tmp_path / "later"
-    with pytest.raises(SystemExit, match="a/seed-0 is in two of"):
+    with pytest.raises(SystemExit, match="a/seed-0 is in both .*: one seed would count twice"):
         _module().read_arms([first / "avg", later / "avg"], 2)
     with pytest.raises(SystemExit, match="in exactly one of .*, found 2"):  # the twin is in both live folders
         _module().read_arms([first / "avg"], 2, [first / "live", later / "live"])
     with pytest.raises(SystemExit, match="found 0"):
         _module().read_arms([first / "avg"], 2, [tmp_path / "elsewhere"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="empty: no runs found"):
+        _module().read_arms([first / "avg", tmp_path / "empty"], 2)

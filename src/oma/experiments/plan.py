@@ -45,6 +45,33 @@ def run_key(variant: str, seed: int) -> str:
     return f"{variant}/seed-{seed}"
 
 
+def study_runs(roots: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
+    """Every run of a study trained into ``roots`` (more seeds of the same runs in several folders) as
+    ``{"<variant>/seed-K": its folder}``, in the folders' order, with what a
+    comparison's compare.json records (its ``command`` and ``config_path``, from the first folder that has
+    one). A folder with compare.json holds that comparison's runs; any other folder DIR/<variant>/seed-K.
+    Refused (ValueError naming the folders): a folder without runs, and one variant's seed in two folders,
+    which would count one seed twice."""
+    found: dict[str, Path] = {}
+    recorded: dict[str, str] = {}
+    for root in roots:
+        if (root / "compare.json").is_file():
+            doc = json.loads((root / "compare.json").read_text())
+            keys = list(doc["runs"])
+            for field in ("command", "config_path"):
+                if doc.get(field) and field not in recorded:
+                    recorded[field] = doc[field]
+        else:
+            keys = sorted(f"{d.parent.name}/{d.name}" for d in root.glob("*/seed-*") if d.is_dir())
+        if not keys:
+            raise ValueError(f"{root}: no runs found (expected compare.json or <variant>/seed-K folders)")
+        for key in keys:
+            if key in found:
+                raise ValueError(f"{key} is in both {found[key].parents[1]} and {root}: one seed would count twice")
+            found[key] = root / key
+    return found, recorded
+
+
 def run_config(base, variant: Variant, seed: int, horizon: int, run_dir: Path):
     """The TrainConfig of one run: ``base`` with the variant's switches, the seed and the horizon."""
     cfg = copy.deepcopy(base)
