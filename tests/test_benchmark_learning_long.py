@@ -430,6 +430,13 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-525-10-seeds", ("2026-12-05-grpo-525", "2026-12-05-grpo-525-seeds-8-9"),
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
+    ("learning-grpo-375-12-seeds",  # seeds 10-11 trained to 525 as well, read at 375
+     ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7", "2026-12-05-grpo-525-seeds-8-9",
+      "2026-12-06-grpo-525-seeds-10-11"),
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+    ("learning-grpo-525-12-seeds",
+     ("2026-12-05-grpo-525", "2026-12-05-grpo-525-seeds-8-9", "2026-12-06-grpo-525-seeds-10-11"),
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
     ("learning-grpo-375-best", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),  # an oracle's checkpoint
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--best"]),
     ("learning-grpo-525-best", "2026-12-05-grpo-525",

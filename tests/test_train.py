@@ -644,16 +644,17 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
             lines = run.read_text().splitlines()
             assert lines[:376] == (first / f"seed-{one['seed']}" / "metrics.jsonl").read_text().splitlines()
             assert [json.loads(ln)["iteration"] for ln in lines[376:]] == list(range(376, 526))
-        # two more seeds trained from scratch for 525 iterations, read at 375 (the preset's end) and at 525
-        fresh = _evidence_configs(f"2026-12-05-grpo-525-seeds-8-9/{arm}")
-        assert [s["seed"] for s in fresh] == [8, 9]
-        for one in fresh:
-            assert config_diff(expected, one, ignore=RUN_ONLY) == ["iterations (saved 375, now 525)"]
-            assert one["threads"] == 2 and one["warm_start"]["cache_dir"] == "/tmp/emptycache"
-            run = EVIDENCE / "2026-12-05-grpo-525-seeds-8-9" / arm / f"seed-{one['seed']}" / "metrics.jsonl"
-            rows = [json.loads(ln) for ln in run.read_text().splitlines()]
-            assert [r["iteration"] for r in rows] == list(range(526))
-            assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 526, 15))
+        # two more seeds, twice, trained from scratch for 525 iterations, read at 375 (the preset's end) and at 525
+        for study, seeds in (("2026-12-05-grpo-525-seeds-8-9", [8, 9]), ("2026-12-06-grpo-525-seeds-10-11", [10, 11])):
+            fresh = _evidence_configs(f"{study}/{arm}")
+            assert [s["seed"] for s in fresh] == seeds
+            for one in fresh:
+                assert config_diff(expected, one, ignore=RUN_ONLY) == ["iterations (saved 375, now 525)"]
+                assert one["threads"] == 2 and one["warm_start"]["cache_dir"] == "/tmp/emptycache"
+                rows = [json.loads(ln) for ln in
+                        (EVIDENCE / study / arm / f"seed-{one['seed']}" / "metrics.jsonl").read_text().splitlines()]
+                assert [r["iteration"] for r in rows] == list(range(526))
+                assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 526, 15))
 
 
 @pytest.mark.parametrize("name", ["household-grpo-baseline", "household-grpo-oma", "household-grpo-oma-long-2026-12-04",
