@@ -429,10 +429,12 @@ def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, 
 
 def since(runs: dict[str, dict[int, dict]], horizons: Horizons, start: int, unit: str = "iteration",
           at: Callable[[int], str] | None = None) -> list[str]:
-    """Each variant's success at its horizon (its end as the report reads it, named by ``at``) minus its evaluation at
-    ``start``, paired by run (:func:`paired_diff`): what the training after ``start`` added, and in how
-    many runs it rose. E.g. greedy 0.50 → 0.60 and 0.40 → 0.35 from ``start`` to the horizon: +0.025,
-    higher in 1 of 2 runs. A run not evaluated at ``start`` is refused (ValueError naming it)."""
+    """Each variant's success at its horizon (its end as the report reads it, named by ``at`` as in
+    :func:`paired`) minus its evaluation at ``start``, paired by run (:func:`paired_diff`): what the
+    training after ``start`` added, and in how many runs it rose. E.g. greedy 0.50 → 0.60 and 0.40 →
+    0.35 from ``start`` to the horizon: +0.025, higher in 1 of 2 runs. A run not evaluated at ``start``
+    is refused (ValueError naming it)."""
+    at = at or partial(end_name, unit)
     lines: list[str] = []
     for variant, seeds in runs.items():
         h, order = horizons[variant], sorted(seeds)
@@ -441,8 +443,7 @@ def since(runs: dict[str, dict[int, dict]], horizons: Horizons, start: int, unit
                 raise ValueError(f"{variant}/seed-{k} has no evaluation at {unit} {start}")
         if len(order) < 2:
             continue
-        lines += [f"## {variant}: {(at or partial(end_name, unit))(h)} − {unit} {start}, paired by run ({len(order)} seeds)",
-                  ""]
+        lines += [f"## {variant}: {at(h)} − {unit} {start}, paired by run ({len(order)} seeds)", ""]
         for m, label in METRICS.items():
             end, before = [seeds[k][m][h] for k in order], [seeds[k][m][start] for k in order]
             e = paired_diff(end, before)
