@@ -253,7 +253,11 @@ def main(argv: list[str]) -> int:
               f"(variants: {', '.join(sorted(runs)) or 'none'})", file=sys.stderr)
         return 2
     png = Path(args.out).with_suffix(".png")
-    plot(runs, png, args.horizon, unit)
+    if args.best or args.last > 1:  # the tables read other points than the horizon's: mark them
+        plot(runs, png, args.horizon, unit, lambda v, c: read_points(c, horizons[v], args.last, args.best),
+             "each run's best greedy evaluation" if args.best else f"each run's last {args.last} evaluations, averaged")
+    else:
+        plot(runs, png, args.horizon, unit)
     lines = [
         f"# {preset} across seeds: held-out success gains",
         "",
@@ -275,12 +279,12 @@ def main(argv: list[str]) -> int:
            f" **Each run's end is its endpoint success, the mean of its last {args.last} evaluations up to its "
            f"horizon** (docs/experiments.md#the-metrics; for the horizon {args.horizon}: {unit}s "
            f"{', '.join(map(str, last_evaluations(runs, args.horizon, args.last)))}), in every table and the "
-           "gains' plot; the learning curves show every evaluation.")
+           "gains' plot; the learning curves show every evaluation, the ones each end reads marked.")
         + ("" if not args.best else
            " **Each run's end is its best greedy evaluation after 0 up to its horizon, with the sampled success of "
            "that same evaluation**, in every table and the gains' plot: a checkpoint chosen on the held-out tasks it is "
            "scored on, so an upper bound on what early stopping or any other checkpoint selection could report, "
-           "not a result; the learning curves show every evaluation."),
+           "not a result; the learning curves show every evaluation, the one each end reads marked."),
         "",
     ]
     if len(runs) >= 2:
@@ -364,6 +368,15 @@ def best_evaluation(curve: dict[str, dict[int, float]], horizon: int) -> int:
     return max(its, key=lambda i: (curve["eval_success"][i], -i))
 
 
+def read_points(curve: dict[str, dict[int, float]], horizon: int, last: int = 1, best: bool = False) -> list[int]:
+    """The evaluations a run's end is read from at ``horizon``: its :func:`best_evaluation` with ``best``,
+    else its last ``last`` after 0 up to ``horizon`` (those :func:`averaged_ends` averages). E.g. greedy
+    {0: .1, 15: .4, 30: .2, 45: .3}, horizon 45: [15] with ``best``, [30, 45] with ``last=2``."""
+    if best:
+        return [best_evaluation(curve, horizon)]
+    return [int(i) for i in endpoint_iterations([i for i in sorted(curve["eval_success"]) if i > 0], horizon, last)]
+
+
 def best_ends(runs: dict[str, dict[int, dict]], horizons: Horizons) -> dict[str, dict[int, dict]]:
     """``runs`` with each curve's value at its variant's horizon replaced by its value at the
     :func:`best_evaluation`, greedy and sampled alike (one checkpoint, chosen by greedy success). E.g. greedy
@@ -407,7 +420,10 @@ def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, 
            at: Callable[[int], str] | None = None) -> list[str]:
     """Each variant − ``baseline``, gain against gain and success against success, each at its end (``at``
     names it; default: the evaluation at its horizon), over the seeds both finished (the success
-    difference is what a user of either gets; with the same warm starts it equals the gain difference)."""
+    difference is what a user of either gets; with the same warm starts it equals the gain difference).
+    A baseline read at its own horizon is named with its reading too: "iteration 45 against iteration
+    15", or "the mean of the last 3 evaluations up to iteration 45 against the mean of the last 3
+    evaluations up to iteration 15"."""
     at = at or partial(end_name, unit)
     b = runs.get(baseline, {})
     lines: list[str] = []
@@ -417,7 +433,7 @@ def paired(runs: dict[str, dict[int, dict]], horizons: Horizons, baseline: str, 
             continue
         lines += [f"## {variant} − {baseline}, paired by seed ({len(seeds)} seeds)", ""]
         ha, hb = horizons[variant], horizons[baseline]
-        where = at(ha) if ha == hb else f"{at(ha)} against {hb}"
+        where = at(ha) if ha == hb else f"{at(ha)} against {at(hb)}"
         for m, label in METRICS.items():
             for what, e in (("gain", paired_diff(seed_gains(a, m, ha, seeds), seed_gains(b, m, hb, seeds))),
                             (f"success at {where}", paired_diff([a[k][m][ha] for k in seeds], [b[k][m][hb] for k in seeds]))):
@@ -522,7 +538,12 @@ def forest(runs: dict[str, dict[int, dict]], path: Path, horizons: Horizons, bas
     plt.close(fig)
 
 
-def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int, unit: str = "iteration") -> None:
+def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int, unit: str = "iteration",
+         reads: Callable[[str, dict], list[int]] | None = None, read_label: str = "") -> None:
+    """Each run's learning curves, greedy and sampled, with each variant's mean over its seeds. ``reads``
+    (variant, a run's curves) -> the evaluations the report reads that run's end from, marked on its curves
+    and named ``read_label`` in the legend (``--last`` and ``--best``: the tables read other points than the
+    horizon's, and the plot shows which)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -538,9 +559,14 @@ def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int, unit: str =
             its = sorted(set.intersection(*(set(c[m]) for c in seeds.values()))) if seeds else []
             for c in seeds.values():
                 ax.plot(sorted(c[m]), [c[m][i] for i in sorted(c[m])], color=color, alpha=0.25, lw=1)
+                if reads is not None:
+                    read = reads(variant, c)
+                    ax.plot(read, [c[m][i] for i in read], ls="", marker="D", ms=4, color=color, alpha=0.8)
             if its:
                 mean = [sum(c[m][i] for c in seeds.values()) / len(seeds) for i in its]
                 ax.plot(its, mean, color=color, lw=2.5, marker="o", label=f"{variant} (mean of {len(seeds)})")
+        if reads is not None:  # one legend entry for the marks of every variant
+            ax.plot([], [], ls="", marker="D", ms=4, color="0.3", label=read_label)
         ax.set_title(f"held-out {label} success")
         ax.set_xlabel("RL iteration" if unit == "iteration" else f"{unit}s")
         ax.set_xlim(0, horizon)

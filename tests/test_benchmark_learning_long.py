@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from functools import partial
 from pathlib import Path
 
 import benchmark_scripts
@@ -339,7 +340,7 @@ def test_the_baseline_read_at_its_own_horizon(tmp_path: Path) -> None:
     table = _summary_table(text)
     assert table[2] == "| short | 0, 1 | +0.050 ± 0.635 | +0.000 ± 0.000 |  |  |"
     assert table[3] == "| long | 0, 1 | +0.250 ± 0.635 | +0.000 ± 0.000 | +0.200 ± 0.000 | +0.000 ± 0.000 |"
-    assert "- greedy gain: +0.200 ± 0.000" in text and "- greedy success at iteration 3 against 1: +0.200 ± 0.000" in text
+    assert "- greedy gain: +0.200 ± 0.000" in text and "- greedy success at iteration 3 against iteration 1: +0.200 ± 0.000" in text
     assert "| 0 | 0.200 | 0.300 | +0.100 |" in text.split("## short")[1]  # the short job's table ends at 1
     assert "--baseline 'short' --baseline-horizon 1" in text and "short is read at iteration 1" in text
     # without a baseline there is nothing to read elsewhere
@@ -470,6 +471,43 @@ def test_each_reading_of_a_runs_end_is_named() -> None:
     assert m.end_name("iteration", 375) == "iteration 375"
     assert m.end_name("episode", 60, last=3) == "the mean of the last 3 evaluations up to episode 60"
     assert m.end_name("iteration", 525, best=True) == "the best evaluation up to iteration 525"
+
+
+def test_the_points_each_end_is_read_from_by_hand() -> None:
+    m = _module()
+    curve = {"eval_success": {0: 0.1, 15: 0.4, 30: 0.2, 45: 0.3, 60: 0.9}, "eval_sampled_success": {}}
+    assert m.read_points(curve, 45, best=True) == [15]
+    assert m.read_points(curve, 45, last=2) == [30, 45]
+    assert m.read_points(curve, 45) == [45]
+    assert m.read_points(curve, 60, last=3) == [30, 45, 60]
+
+
+def test_the_learning_curves_mark_the_points_a_last_or_best_reading_takes(tmp_path: Path) -> None:
+    for seed, greedy in enumerate([{0: 0.2, 1: 0.5, 2: 0.3}, {0: 0.4, 1: 0.5, 2: 0.6}]):
+        _curve_run(tmp_path / "runs" / "OA+MA" / f"seed-{seed}", greedy)
+    pngs = {}
+    for name, flags in (("plain", []), ("last", ["--last", "2"]), ("best", ["--best"])):
+        out = tmp_path / f"{name}.md"
+        assert _module().main([str(tmp_path / "runs"), "--horizon", "2", *flags, "--out", str(out)]) == 0
+        pngs[name] = out.with_suffix(".png").read_bytes()
+        assert ("the ones each end reads marked" in out.read_text()) == (name == "last")
+        assert ("the one each end reads marked" in out.read_text()) == (name == "best")
+    assert len(set(pngs.values())) == 3  # the marks differ, and none is the plain plot
+
+
+def test_a_baseline_read_at_its_own_horizon_is_named_with_its_reading() -> None:
+    m = _module()
+    # success at the ends, long − short by seed: 0.6 − 0.3 and 0.6 − 0.4 -> (0.3 + 0.2) / 2 = +0.25
+    runs = {"long": {0: {"eval_success": {0: 0.2, 3: 0.6}, "eval_sampled_success": {0: 0.2, 3: 0.2}},
+                     1: {"eval_success": {0: 0.4, 3: 0.6}, "eval_sampled_success": {0: 0.2, 3: 0.2}}},
+            "short": {0: {"eval_success": {0: 0.2, 1: 0.3}, "eval_sampled_success": {0: 0.2, 1: 0.2}},
+                      1: {"eval_success": {0: 0.4, 1: 0.4}, "eval_sampled_success": {0: 0.2, 1: 0.2}}}}
+    horizons = m.Horizons(3, "short", 1)
+    lines = m.paired(runs, horizons, "short")
+    assert lines[3].startswith("- greedy success at iteration 3 against iteration 1: +0.250 ± ")
+    last = m.paired(runs, horizons, "short", at=partial(m.end_name, "iteration", last=2))
+    assert last[3].startswith("- greedy success at the mean of the last 2 evaluations up to iteration 3 against "
+                              "the mean of the last 2 evaluations up to iteration 1: +0.250 ± ")
 
 
 def test_what_the_iterations_after_a_point_added_by_hand() -> None:
