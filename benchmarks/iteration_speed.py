@@ -21,7 +21,6 @@ import copy
 import shlex
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -30,7 +29,7 @@ from rich.progress import Progress
 from oma.train.config import load_config
 from oma.train.loop import make_optimizer, training_rollout, update
 from oma.train.warmstart import cpu_info
-from throughput import on_policy_batch, warm_policy
+from throughput import on_policy_batch, publish, warm_policy
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -105,9 +104,7 @@ def main() -> None:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

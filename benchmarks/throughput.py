@@ -44,6 +44,13 @@ def on_policy_batch(cfg, rows) -> Batch:
     return Batch(rows, mask, advantages(cfg, rows, episode_scores(cfg, rows)), per_token(rows.logp, mask.shape[1]), None)
 
 
+def publish(text: str, out: str | None) -> None:
+    """Print a by-hand benchmark's Markdown page, and write it to ``out`` when one is named."""
+    print(text)
+    if out:
+        Path(out).write_text(text)
+
+
 def setup(description: str, repeats: int):
     """``(args, cfg, make_env, model, tokenizer)`` of a by-hand benchmark run as ``SCRIPT [config] [overrides]
     [--repeats N] [--out FILE]``: the config loaded and :func:`warm_policy` built."""
@@ -118,9 +125,7 @@ def main() -> None:
         f"native {native_t:.2f} s, **ratio {oma_t / native_t:.3f}** (target ≤ 1.05).",
         "",
     ])
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    publish(text, args.out)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,13 @@ import copy
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from oma.agent.policy import tiny_model
 from oma.train.loop import forward_plan, training_rollout, update
 from oma.train.warmstart import cpu_info
 from speedup import matmul_peak
-from throughput import on_policy_batch, setup
+from throughput import on_policy_batch, publish, setup
 
 
 class ForwardTimer:
@@ -201,9 +200,7 @@ def main() -> None:
     lines += ["", f"The forward pass alone, without gradients (a prefill of the same {rows_mb} rows): eager "
               f"{t_fwd * 1e3:.0f} ms, `torch.compile` {t_cfwd * 1e3:.0f} ms, **{t_fwd / t_cfwd:.2f}×**."]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    publish(text, args.out)
 
 
 def _model(vocab: int, hidden: int, intermediate: int, layers: int, heads: int):
