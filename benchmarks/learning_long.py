@@ -560,7 +560,7 @@ def plot(runs: dict[str, dict[int, dict]], path: Path, horizon: int, unit: str =
             for c in seeds.values():
                 ax.plot(sorted(c[m]), [c[m][i] for i in sorted(c[m])], color=color, alpha=0.25, lw=1)
                 if reads is not None:
-                    read = reads(variant, c)
+                    read = [i for i in reads(variant, c) if i in c[m]]  # the tables refuse a run that lacks one
                     ax.plot(read, [c[m][i] for i in read], ls="", marker="D", ms=4, color=color, alpha=0.8)
             if its:
                 mean = [sum(c[m][i] for c in seeds.values()) / len(seeds) for i in its]
