@@ -657,6 +657,25 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
                 assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 526, 15))
 
 
+def test_target_2s_preset_rerun_a_day_later_repeats_its_study_run_to_the_last_digit():
+    """OA+MA seed 0 of the 2026-12-05 study, trained again on 2026-12-06 from a fresh clone's install (the same
+    CPU type, 2 threads, a warm start built by the default job of the same seed): every record of metrics.jsonl
+    but the timings is equal, losses and held-out evaluations included."""
+    study, rerun = (EVIDENCE / d / "OA+MA" / "seed-0" for d in ("2026-12-05-grpo-375", "2026-12-06-grpo-375-rerun"))
+    saved, again = (json.loads((d / "config.json").read_text()) for d in (study, rerun))
+    assert config_diff(saved, again, ignore=RUN_ONLY) == [] and saved["threads"] == again["threads"] == 2
+
+    def records(run: Path) -> list[dict]:
+        timings = ("time_", "rows_per_s", "tokens_per_s", "warm_start")  # the clock's, and where the cache lay
+        return [{k: v for k, v in json.loads(ln).items() if not k.startswith(timings)}
+                for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+    first, second = records(study), records(rerun)
+    assert [r["iteration"] for r in second] == list(range(376))
+    assert second == first
+    assert second[-1]["eval_success"] == 0.6484375  # 83 of 128 held-out tasks, greedy, at iteration 375
+
+
 @pytest.mark.parametrize("name", ["household-grpo-baseline", "household-grpo-oma", "household-grpo-oma-long-2026-12-04",
                                   "household-gspo-oma"])
 def test_the_household_grpo_and_gspo_presets_train_to_the_environments_own_cap(name):
