@@ -334,7 +334,7 @@ def last_evaluations(runs: dict[str, dict[int, dict]], horizon: int, k: int) -> 
     for seeds in runs.values():
         for c in seeds.values():
             if horizon in c["eval_success"]:
-                return [int(i) for i in endpoint_iterations(sorted(c["eval_success"]), horizon, k)]
+                return read_points(c, horizon, last=k)
     return []
 
 

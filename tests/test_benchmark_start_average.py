@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from oma.cli import main as oma_main
 from oma.train.config import ConfigError, load_run_config
-from test_ema import _records, _training_only
+from run_records import records, training_only
 from test_train import TINY
 
 BETA = 0.5
@@ -48,9 +48,9 @@ def test_the_average_starts_at_the_checkpoints_weights(runs):
 
 def test_training_continues_exactly_and_the_average_is_the_closed_form(runs):
     tmp, _ = runs
-    src, dst = _records(tmp / "src" / "metrics.jsonl"), _records(tmp / "dst" / "metrics.jsonl")
+    src, dst = records(tmp / "src" / "metrics.jsonl"), records(tmp / "dst" / "metrics.jsonl")
     assert [r["iteration"] for r in dst] == [0, 1, 2, 3, 4]
-    assert _training_only(dst) == _training_only(src)  # the average changes no rollout or update
+    assert training_only(dst) == training_only(src)  # the average changes no rollout or update
     assert dst[:3] == src[:3]  # up to the checkpoint: SRC's own records, live-weight evaluations included
     # θ̄_4 = β²·θ_2 + (1 − β)·(β·θ_3 + θ_4), one optimizer step per iteration
     theta = {i: _live(tmp / "src", i) for i in (2, 3, 4)}
@@ -94,11 +94,11 @@ def test_the_late_start_of_the_committed_study_matches_an_average_from_the_warm_
                         ("2026-12-05-grpo-375-ema", "2026-12-05-grpo-375-ema-from-scratch", "2026-12-05-grpo-375"))
     assert config_diff(json.loads((late / "config.json").read_text()), json.loads((full / "config.json").read_text()),
                        ("out_dir",)) == []
-    late_r = {r["iteration"]: r for r in _records(late / "metrics.jsonl")}
-    full_r = {r["iteration"]: r for r in _records(full / "metrics.jsonl")}
-    live_r = {r["iteration"]: r for r in _records(live / "metrics.jsonl")}
+    late_r = {r["iteration"]: r for r in records(late / "metrics.jsonl")}
+    full_r = {r["iteration"]: r for r in records(full / "metrics.jsonl")}
+    live_r = {r["iteration"]: r for r in records(live / "metrics.jsonl")}
     assert sorted(full_r) == list(range(376))
-    assert all(_training_only([full_r[i]]) == _training_only([live_r[i]]) for i in live_r)
+    assert all(training_only([full_r[i]]) == training_only([live_r[i]]) for i in live_r)
     for it in range(315, 376, 15):  # 160 optimizer steps or more after the late start
         for key in ("eval_success", "eval_sampled_success"):
             assert late_r[it][key] == full_r[it][key], (it, key)

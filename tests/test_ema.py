@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 import oma.train.loop as loop
 from oma.cli import main as oma_main
 from oma.train.config import ConfigError, load_config
+from run_records import records, training_only, without_timings
 from test_train import TINY
 
 
@@ -74,15 +75,6 @@ def test_ema_out_of_range_is_rejected_by_name(value):
         load_config(None, [f"optim.ema={value}"])
 
 
-def _records(path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _training_only(records):
-    return [{k: v for k, v in r.items() if not k.startswith(("time_", "tokens_per_s", "rows_per_s", "eval_", "warm_start"))}
-            for r in records]
-
-
 def test_training_uses_the_live_weights_and_evaluation_the_average(tmp_path, monkeypatch):
     # an entropy bonus moves the weights even where every advantage is 0 (tiny tasks are rarely won)
     cache = [f"warm_start.cache_dir={tmp_path / 'cache'}", "algo.entropy_coef=0.01"]
@@ -96,9 +88,9 @@ def test_training_uses_the_live_weights_and_evaluation_the_average(tmp_path, mon
 
     monkeypatch.setattr(loop, "evaluate", recording)
     assert oma_main(["train", *TINY, *cache, "optim.ema=0.5", f"out_dir={tmp_path / 'ema'}"]) == 0
-    plain, ema = _records(tmp_path / "plain" / "metrics.jsonl"), _records(tmp_path / "ema" / "metrics.jsonl")
+    plain, ema = records(tmp_path / "plain" / "metrics.jsonl"), records(tmp_path / "ema" / "metrics.jsonl")
     # the average changes nothing in training: same rollouts, losses and updates
-    assert _training_only(ema) == _training_only(plain)
+    assert training_only(ema) == training_only(plain)
     # θ̄_0 = θ_0: the warm start's evaluation is the same
     assert {k: v for k, v in ema[0].items() if k.startswith("eval_")} == \
         {k: v for k, v in plain[0].items() if k.startswith("eval_")}
@@ -119,11 +111,8 @@ def test_resume_with_ema_is_exact(tmp_path):
     assert oma_main(["train", *common, "iterations=2", f"out_dir={tmp_path / 'resumed'}"]) == 0
     assert oma_main(["train", *common, "iterations=4", f"out_dir={tmp_path / 'resumed'}", "--resume"]) == 0
 
-    def without_times(path):
-        return [{k: v for k, v in r.items() if not k.startswith(("time_", "tokens_per_s", "rows_per_s", "warm_start"))}
-                for r in _records(path)]
-
-    assert without_times(tmp_path / "resumed" / "metrics.jsonl") == without_times(tmp_path / "straight" / "metrics.jsonl")
+    resumed, straight = (records(tmp_path / d / "metrics.jsonl") for d in ("resumed", "straight"))
+    assert without_timings(resumed) == without_timings(straight)
     a = load_file(str(tmp_path / "straight" / "checkpoints" / "iter_000004" / "ema.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "checkpoints" / "iter_000004" / "ema.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
