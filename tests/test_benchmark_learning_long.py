@@ -438,6 +438,8 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
     ("learning-grpo-525-12-seeds",
      ("2026-12-05-grpo-525", "2026-12-05-grpo-525-seeds-8-9", "2026-12-06-grpo-525-seeds-10-11"),
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
+    ("learning-grpo-420-ema", "2026-12-06-grpo-420-ema",  # a candidate: evaluation time spent on iterations, the average
+     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "420", "--target", "long"]),
     ("learning-grpo-375-best", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),  # an oracle's checkpoint
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--best"]),
     ("learning-grpo-525-best", "2026-12-05-grpo-525",

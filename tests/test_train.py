@@ -20,7 +20,7 @@ from oma.cli import main as oma_main
 from oma.core import anchor_ids, outcome_advantages, token_objective, token_weights, weighted_loss
 from oma.train.config import ConfigError, config_diff, load_config, to_dict
 from oma.train.loop import Batch, MetricsLog, batch_logprobs, minibatch_loss, response_mask_of, rollout_metrics, update
-from run_records import records, without_timings
+from run_records import records, training_only, without_timings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -412,6 +412,25 @@ def test_resume_gives_identical_metrics(tmp_path):
     assert first < last <= summary["wall_time_s"]
 
 
+def test_training_does_not_depend_on_how_often_it_evaluates(tmp_path):
+    """Evaluations draw from their own generator per (seed, iteration) and change no weight, so a run that
+    evaluates at every iteration trains exactly as one that evaluates only at its end, and both evaluate the
+    end alike (benchmarks/horizon_budget.py re-prices a run's schedule on this)."""
+    cache = f"warm_start.cache_dir={tmp_path / 'cache'}"
+    for every in (1, 3):
+        assert oma_main(["train", *TINY, "iterations=3", f"eval_every={every}", cache, f"out_dir={tmp_path / str(every)}"]) == 0
+    often, once = (records(tmp_path / d / "metrics.jsonl") for d in ("1", "3"))
+    assert [r["iteration"] for r in often if "eval_success" in r] == [0, 1, 2, 3]
+    assert [r["iteration"] for r in once if "eval_success" in r] == [0, 3]
+
+    def training(run):  # the KL to the warm start is logged where a run evaluates
+        return [{k: v for k, v in r.items() if k != "kl_warm_start"} for r in training_only(run)]
+
+    assert training(often) == training(once) and len(once) == 4
+    assert {k: v for k, v in often[3].items() if k.startswith("eval_")} == \
+           {k: v for k, v in once[3].items() if k.startswith("eval_")}
+
+
 def test_a_run_resumed_from_a_checkpoint_without_its_wall_time_says_it_is_unknown(tmp_path, capsys):
     common = [*TINY, f"warm_start.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'r'}"]
     assert oma_main(["train", *common]) == 0
@@ -656,6 +675,28 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
                         (EVIDENCE / study / arm / f"seed-{one['seed']}" / "metrics.jsonl").read_text().splitlines()]
                 assert [r["iteration"] for r in rows] == list(range(526))
                 assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 526, 15))
+
+
+def test_target_2s_candidate_runs_are_the_preset_for_420_iterations_evaluated_every_60_with_the_average():
+    """The pre-registered study of 2026-12-06 (seeds 12-16, one at a time): the preset with its evaluation
+    time spent on iterations and the default job's average of the weights, nothing else."""
+    preset = load_config(CONFIGS / "household-grpo-oma-long.yaml")
+    changed = ["eval_every (saved 15, now 60)", "iterations (saved 375, now 420)", "optim.ema (saved 0.0, now 0.97)"]
+    verl_accounting = to_dict(load_config(CONFIGS / "household-grpo-oma-long.yaml", ["algo.accounting=row", "algo.mass=native"]))
+    for arm, expected, seeds in (("OA+MA", to_dict(preset), CANDIDATE_SEEDS["OA+MA"]),
+                                 ("row+native", verl_accounting, CANDIDATE_SEEDS["row+native"])):
+        runs = _evidence_configs(f"2026-12-06-grpo-420-ema/{arm}")
+        assert [s["seed"] for s in runs] == seeds
+        for one in runs:
+            assert sorted(config_diff(expected, one, ignore=RUN_ONLY)) == changed
+            assert one["threads"] == 2 and one["warm_start"]["cache_dir"] == "/tmp/cache420"
+            rows = records(EVIDENCE / "2026-12-06-grpo-420-ema" / arm / f"seed-{one['seed']}" / "metrics.jsonl")
+            assert [r["iteration"] for r in rows] == list(range(421))
+            assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 421, 60))
+
+
+CANDIDATE_SEEDS = {"OA+MA": [12, 13, 14, 15], "row+native": [12, 13, 14]}
+"""The candidate's runs done so far, in the plan's order (seed 15's row+native run and seed 16 come next)."""
 
 
 def test_target_2s_preset_rerun_a_day_later_repeats_its_study_run_to_the_last_digit():
