@@ -94,17 +94,25 @@ def costs(runs: dict[str, tuple[dict[int, float], dict[int, float]]], schedules:
     return {run: [cost(loop, ev, h, e, run) for h, e in schedules] for run, (loop, ev) in runs.items()}
 
 
+def horizon_costs(runs: dict[str, tuple[dict[int, float], dict[int, float]]], reference: tuple[int, int],
+                  every: int, horizons: list[int]) -> dict[str, tuple[float, list[float]]]:
+    """Each run's cost of ``reference`` and of each horizon with evaluations every ``every``."""
+    return {run: (cost(loop, ev, *reference, run), [cost(loop, ev, h, every, run) for h in horizons])
+            for run, (loop, ev) in runs.items()}
+
+
+def last_iteration(runs: dict[str, tuple[dict[int, float], dict[int, float]]]) -> int:
+    """The last iteration every run measured: the shortest run's end."""
+    return min(max(loop) for loop, _ in runs.values())
+
+
 def longest(runs: dict[str, tuple[dict[int, float], dict[int, float]]], reference: tuple[int, int], every: int,
             step: int) -> int | None:
     """The longest horizon, a multiple of ``step`` up to the shortest run's last iteration, whose schedule
     with evaluations every ``every`` costs no more than ``reference`` in every run; None if none does."""
-    last = min(max(loop) for loop, _ in runs.values())
-    best = None
-    for horizon in range(step, last + 1, step):
-        if all(cost(loop, ev, horizon, every, run) <= cost(loop, ev, *reference, run)
-               for run, (loop, ev) in runs.items()):
-            best = horizon
-    return best
+    horizons = list(range(step, last_iteration(runs) + 1, step))
+    table = horizon_costs(runs, reference, every, horizons).values()
+    return max((h for j, h in enumerate(horizons) if all(costs[j] <= base for base, costs in table)), default=None)
 
 
 def plot(runs: dict[str, tuple[dict[int, float], dict[int, float]]], reference: tuple[int, int], every: int,
@@ -117,12 +125,10 @@ def plot(runs: dict[str, tuple[dict[int, float], dict[int, float]]], reference: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    last = min(max(loop) for loop, _ in runs.values())
-    horizons = list(range(reference[0] - reference[0] % step, last + 1, step))
+    horizons = list(range(reference[0] - reference[0] % step, last_iteration(runs) + 1, step))
     fig, ax = plt.subplots(figsize=(7, 4))
-    for run, (loop, ev) in runs.items():
-        base = cost(loop, ev, *reference, run)
-        ax.plot(horizons, [cost(loop, ev, h, every, run) / base for h in horizons],
+    for run, (base, costs) in horizon_costs(runs, reference, every, horizons).items():
+        ax.plot(horizons, [c / base for c in costs],
                 color="tab:red" if run.startswith("OA+MA") else "tab:gray", alpha=0.5, lw=1)
     ax.axhline(1.0, color="black", lw=0.8)
     if found is not None:
@@ -192,7 +198,7 @@ def main(argv: list[str]) -> int:
     figure = None
     if best is not None and args.out:
         path = Path(args.out).with_name(Path(args.out).stem + "-ratios.png")
-        plot(runs, schedules[0], *best[:1], args.step, best[1], path)
+        plot(runs, schedules[0], best[0], args.step, best[1], path)
         figure = path.name
     command = args.command or " ".join(["benchmarks/horizon_budget.py", *argv])
     publish(report(table, schedules, best, command, figure), args.out)

@@ -383,18 +383,13 @@ def test_rollout_temperature_is_the_policy_trained(tmp_path, temperature):
     assert abs(record["approx_kl_k1"]) < 1e-5 and record["approx_kl_k3"] < 1e-8
 
 
-def _metrics(path):
-    drop = ("time_", "tokens_per_s", "rows_per_s", "warm_start")
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(drop)} for line in path.read_text().splitlines()]
-
-
 def test_resume_gives_identical_metrics(tmp_path):
     cache = f"warm_start.cache_dir={tmp_path / 'cache'}"
     common = [*TINY, "checkpoint_every=2", "eval_every=2", cache]
     assert oma_main(["train", *common, "iterations=4", f"out_dir={tmp_path / 'straight'}"]) == 0
     assert oma_main(["train", *common, "iterations=2", f"out_dir={tmp_path / 'resumed'}"]) == 0
     assert oma_main(["train", *common, "iterations=4", f"out_dir={tmp_path / 'resumed'}", "--resume"]) == 0
-    straight, resumed = _metrics(tmp_path / "straight" / "metrics.jsonl"), _metrics(tmp_path / "resumed" / "metrics.jsonl")
+    straight, resumed = (without_timings(records(tmp_path / d / "metrics.jsonl")) for d in ("straight", "resumed"))
     assert [r["iteration"] for r in resumed] == [0, 1, 2, 3, 4]
     assert resumed == straight
     from safetensors.torch import load_file
@@ -677,6 +672,10 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
                 assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 526, 15))
 
 
+CANDIDATE_SEEDS = {"OA+MA": [12, 13, 14, 15], "row+native": [12, 13, 14]}
+"""The candidate's runs done so far, in the plan's order (seed 15's row+native run and seed 16 come next)."""
+
+
 def test_target_2s_candidate_runs_are_the_preset_for_420_iterations_evaluated_every_60_with_the_average():
     """The pre-registered study of 2026-12-06 (seeds 12-16, one at a time): the preset with its evaluation
     time spent on iterations and the default job's average of the weights, nothing else."""
@@ -693,10 +692,6 @@ def test_target_2s_candidate_runs_are_the_preset_for_420_iterations_evaluated_ev
             rows = records(EVIDENCE / "2026-12-06-grpo-420-ema" / arm / f"seed-{one['seed']}" / "metrics.jsonl")
             assert [r["iteration"] for r in rows] == list(range(421))
             assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 421, 60))
-
-
-CANDIDATE_SEEDS = {"OA+MA": [12, 13, 14, 15], "row+native": [12, 13, 14]}
-"""The candidate's runs done so far, in the plan's order (seed 15's row+native run and seed 16 come next)."""
 
 
 def test_target_2s_preset_rerun_a_day_later_repeats_its_study_run_to_the_last_digit():
