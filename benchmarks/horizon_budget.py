@@ -1,5 +1,5 @@
 """What a run's time buys when it evaluates less often: each run's measured phase times re-summed for
-other schedules of iterations and held-out evaluations (docs/training.md#target-2s-preset-with-its-evaluation-time-spent-on-iterations-2026-12-06).
+other schedules of iterations and held-out evaluations (docs/training.md#target-2s-preset-since-2026-12-06-its-evaluation-time-spent-on-iterations-10-of-10-runs-5-seeds).
 
 A run trained to iteration H with evaluations every E spends, besides its warm start (the same in
 every schedule, so left out), the time of its H iterations plus that of its evaluations. Both are in
@@ -18,8 +18,8 @@ schedule's iterations are the run's own.
 ``--schedule`` names the reference first, then the candidates. ``--longest E`` adds, for evaluations
 every E, the longest horizon (a multiple of ``--step``, up to the runs' shortest) that costs no more
 than the reference in every run, and with ``--out`` a plot of each run's cost against the horizon
-(<out>-ratios.png). Target 2's preset, 375 iterations evaluated every 15, against 420
-evaluated every 60, over the 24 runs of seeds 0-11 trained to 525 (benchmarks/learning-grpo-horizon-budget.md):
+(<out>-ratios.png). Target 2's preset until 2026-12-06, 375 iterations evaluated every 15, against 420
+evaluated every 60 (its preset since), over the 24 runs of seeds 0-11 trained to 525 (benchmarks/learning-grpo-horizon-budget.md):
 
     .venv/bin/python benchmarks/horizon_budget.py benchmarks/evidence/2026-12-05-grpo-525 \\
         benchmarks/evidence/2026-12-05-grpo-525-seeds-8-9 benchmarks/evidence/2026-12-06-grpo-525-seeds-10-11 \\

@@ -56,24 +56,24 @@ No rule that picks a checkpoint (early stopping, the best one on a validation se
 is scored on, with the sampled success of that evaluation (benchmarks/learning-grpo-375-best.md):
 
     .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-grpo-375 \
-        benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --preset configs/household-grpo-oma-long.yaml \
+        benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --preset configs/household-grpo-oma-375.yaml \
         --horizon 375 --best --command TEXT --out benchmarks/learning-grpo-375-best.md
 
 More seeds of the same study trained later into another folder are read with it as one study by
 naming both folders (benchmarks/learning-grpo-375-8-seeds.md: target 2's preset over seeds 0-4 and 5-7):
 
     .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-grpo-375 \
-        benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --preset configs/household-grpo-oma-long.yaml \
+        benchmarks/evidence/2026-12-05-grpo-375-seeds-5-7 --preset configs/household-grpo-oma-375.yaml \
         --horizon 375 --command TEXT --out benchmarks/learning-grpo-375-8-seeds.md
 
 Runs continued past their horizon are read at the new one, with ``--since`` naming the old one: per
 variant, what the added iterations gave each run, paired by run (benchmarks/learning-grpo-525.md,
 target 2's preset continued from 375 to 525 iterations):
 
-    oma train configs/household-grpo-oma-long.yaml seed=K [algo.accounting=row algo.mass=native] \
+    oma train configs/household-grpo-oma-375.yaml seed=K [algo.accounting=row algo.mass=native] \
         iterations=525 out_dir=RUN --resume                          # RUN: a copy of the 375-iteration run
     .venv/bin/python benchmarks/learning_long.py benchmarks/evidence/2026-12-05-grpo-525 \
-        --preset configs/household-grpo-oma-long.yaml --horizon 525 --since 375 --command TEXT \
+        --preset configs/household-grpo-oma-375.yaml --horizon 525 --since 375 --command TEXT \
         --out benchmarks/learning-grpo-525.md
 
 A folder with compare.json is read as that comparison's runs; any other folder as

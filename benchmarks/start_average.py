@@ -8,7 +8,7 @@ changes neither rollouts nor updates) while its evaluations measure θ̄. After 
 and 400 steps (100 iterations of 4 mini-batches) that weight is 5e-6:
 
     .venv/bin/python benchmarks/start_average.py runs/grpo375s/OA+MA/seed-1 DST --iteration 275 --ema 0.97
-    oma train configs/household-grpo-oma-long.yaml seed=1 optim.ema=0.97 warm_start.cache_dir=... out_dir=DST --resume
+    oma train configs/household-grpo-oma-375.yaml seed=1 optim.ema=0.97 warm_start.cache_dir=... out_dir=DST --resume
 """
 
 from __future__ import annotations

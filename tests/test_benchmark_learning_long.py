@@ -406,44 +406,44 @@ def _terse_against(horizon: int, baseline: str = "the default job", baseline_hor
     ("learning-default-375-last-3", "2026-12-05-accounting-375",  # the same runs, each end the mean of 3 evaluations
      ["--preset", "configs/household-gigpo-oma-375.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
     ("learning-grpo-375", "2026-12-05-grpo-375",  # target 2's preset, row+native the baseline
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-last-3", "2026-12-05-grpo-375",  # the same runs, each end the mean of 3 evaluations
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
     ("learning-grpo-375-8-seeds", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),  # 3 more seeds
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-8-seeds-last-3", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
     ("learning-grpo-375-ema-8-seeds", ("2026-12-05-grpo-375-ema", "2026-12-05-grpo-375-ema-seeds-5-7"),
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-ema", "2026-12-05-grpo-375-ema",  # the same runs, averaging their weights from 275
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-375-ema-last-3", "2026-12-05-grpo-375-ema",
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long", "--last", "3"]),
     ("learning-grpo-525", "2026-12-05-grpo-525",  # the 8-seed study's runs continued to 525 (a longer budget)
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
     ("learning-grpo-525-at-450", "2026-12-05-grpo-525",  # the same runs at 450, secondary
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "450", "--target", "long", "--since", "375"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "450", "--target", "long", "--since", "375"]),
     ("learning-grpo-525-last-3", "2026-12-05-grpo-525",  # the same runs, each end the mean of 3 evaluations
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375",
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "525", "--target", "long", "--since", "375",
       "--last", "3"]),
     ("learning-grpo-375-10-seeds",  # seeds 8-9 trained to 525, read at 375 (the preset's end)
      ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7", "2026-12-05-grpo-525-seeds-8-9"),
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-525-10-seeds", ("2026-12-05-grpo-525", "2026-12-05-grpo-525-seeds-8-9"),
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
     ("learning-grpo-375-12-seeds",  # seeds 10-11 trained to 525 as well, read at 375
      ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7", "2026-12-05-grpo-525-seeds-8-9",
       "2026-12-06-grpo-525-seeds-10-11"),
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long"]),
     ("learning-grpo-525-12-seeds",
      ("2026-12-05-grpo-525", "2026-12-05-grpo-525-seeds-8-9", "2026-12-06-grpo-525-seeds-10-11"),
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "525", "--target", "long", "--since", "375"]),
     ("learning-grpo-420-ema", "2026-12-06-grpo-420-ema",  # a candidate: evaluation time spent on iterations, the average
      ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "420", "--target", "long"]),
     ("learning-grpo-375-best", ("2026-12-05-grpo-375", "2026-12-05-grpo-375-seeds-5-7"),  # an oracle's checkpoint
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "375", "--target", "long", "--best"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "375", "--target", "long", "--best"]),
     ("learning-grpo-525-best", "2026-12-05-grpo-525",
-     ["--preset", "configs/household-grpo-oma-long.yaml", "--horizon", "525", "--target", "long", "--best"]),
+     ["--preset", "configs/household-grpo-oma-375.yaml", "--horizon", "525", "--target", "long", "--best"]),
     ("learning-default-75-accounting", "2026-12-05-accounting-75",  # row+native, the baseline unless named
      ["--preset", "configs/household-gigpo-oma.yaml", "--horizon", "75"]),
     ("learning-default-cap20-300", "2026-12-04-cap20-300",  # judged by the long preset's per-run target

@@ -625,11 +625,12 @@ def test_the_375_preset_is_the_default_job_for_375_iterations_as_its_studies_ran
     assert config_diff(timed, to_dict(long), ignore=RUN_ONLY) == [] and timed["threads"] == 2
 
 
-def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
-    """Target 2's preset: the default job for 375 iterations with GRPO's advantages; nothing else differs."""
-    preset = CONFIGS / "household-grpo-oma-long.yaml"
+def test_the_grpo_375_preset_is_the_375_preset_with_grpo_as_its_studies_ran():
+    """Target 2's preset from 2026-12-05 until 2026-12-06: the default job for 375 iterations with GRPO's
+    advantages; nothing else differs."""
+    preset = CONFIGS / "household-grpo-oma-375.yaml"
     grpo = load_config(preset)
-    assert (grpo.algo.estimator, grpo.iterations, grpo.eval_every) == ("grpo", 375, 15)
+    assert (grpo.algo.estimator, grpo.iterations, grpo.eval_every, grpo.optim.ema) == ("grpo", 375, 15, 0.0)
     assert (grpo.algo.accounting, grpo.algo.mass) == ("trajectory", "uniform")  # OA+MA, the default job's
     assert load_config(preset, ["out_dir=x"]) == load_config(CONFIGS / "household-gigpo-oma-375.yaml",
                                                              ["algo.estimator=grpo", "out_dir=x"])
@@ -672,22 +673,20 @@ def test_the_long_grpo_preset_is_the_375_preset_with_grpo_as_its_study_ran():
                 assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 526, 15))
 
 
-CANDIDATE_SEEDS = {"OA+MA": [12, 13, 14, 15], "row+native": [12, 13, 14]}
-"""The candidate's runs done so far, in the plan's order (seed 15's row+native run and seed 16 come next)."""
-
-
-def test_target_2s_candidate_runs_are_the_preset_for_420_iterations_evaluated_every_60_with_the_average():
-    """The pre-registered study of 2026-12-06 (seeds 12-16, one at a time): the preset with its evaluation
-    time spent on iterations and the default job's average of the weights, nothing else."""
+def test_the_long_grpo_preset_is_the_grpo_375_preset_with_its_evaluation_time_spent_on_iterations():
+    """Target 2's preset since 2026-12-06: the 375 recipe for 420 iterations, evaluated every 60, with the
+    default job's average of the weights; its pre-registered study (seeds 12-16, one at a time) ran exactly it."""
     preset = load_config(CONFIGS / "household-grpo-oma-long.yaml")
-    changed = ["eval_every (saved 15, now 60)", "iterations (saved 375, now 420)", "optim.ema (saved 0.0, now 0.97)"]
+    assert (preset.algo.estimator, preset.iterations, preset.eval_every, preset.optim.ema) == ("grpo", 420, 60, 0.97)
+    assert preset.optim.ema == load_config(None).optim.ema  # the default job's average
+    assert load_config(CONFIGS / "household-grpo-oma-long.yaml", ["out_dir=x"]) == load_config(
+        CONFIGS / "household-grpo-oma-375.yaml", ["iterations=420", "eval_every=60", "optim.ema=0.97", "out_dir=x"])
     verl_accounting = to_dict(load_config(CONFIGS / "household-grpo-oma-long.yaml", ["algo.accounting=row", "algo.mass=native"]))
-    for arm, expected, seeds in (("OA+MA", to_dict(preset), CANDIDATE_SEEDS["OA+MA"]),
-                                 ("row+native", verl_accounting, CANDIDATE_SEEDS["row+native"])):
+    for arm, expected in (("OA+MA", to_dict(preset)), ("row+native", verl_accounting)):
         runs = _evidence_configs(f"2026-12-06-grpo-420-ema/{arm}")
-        assert [s["seed"] for s in runs] == seeds
+        assert [s["seed"] for s in runs] == [12, 13, 14, 15, 16]
         for one in runs:
-            assert sorted(config_diff(expected, one, ignore=RUN_ONLY)) == changed
+            assert config_diff(expected, one, ignore=RUN_ONLY) == []
             assert one["threads"] == 2 and one["warm_start"]["cache_dir"] == "/tmp/cache420"
             rows = records(EVIDENCE / "2026-12-06-grpo-420-ema" / arm / f"seed-{one['seed']}" / "metrics.jsonl")
             assert [r["iteration"] for r in rows] == list(range(421))
