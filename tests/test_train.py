@@ -547,6 +547,29 @@ def test_the_default_job_is_the_capped_terse_job_with_an_average_of_its_weights(
         assert config_diff(one, to_dict(default), ignore=RUN_ONLY) == [] and one["threads"] == 2
 
 
+def test_the_default_job_timed_in_fresh_clones_on_two_days_is_the_same_run_to_the_last_digit():
+    """`oma train` alone from an empty warm-start cache, in fresh clones on the AMD EPYC machine type: once on
+    2026-12-05 and four times on 2026-12-06 (at 04:13, 04:35 and 05:19 UTC from 54483ee, at 09:55 from 0f45d34).
+    Their wall times differ (229 to 351 s, docs/training.md#where-the-default-job-stands-measured): the work does
+    not. Every record is equal, timings aside, and so is the final table's reading."""
+    timings = EVIDENCE / "2026-12-06-default-job-timing"
+    runs = [EVIDENCE / "2026-12-05-default-job-timing" / "oma train with its average, fresh clone" / "seed-0",
+            *(timings / name / "seed-0" for name in ("oma train, fresh clone", "oma train, fresh clone, 22 minutes later",
+                                                     "oma train, fresh clone, an hour later",
+                                                     "oma train, fresh clone of 0f45d34"))]
+    assert sorted(p.parent for p in runs[1:]) == sorted(timings.iterdir())  # every timing of that day
+    default = to_dict(load_config(None))
+    first = without_timings(records(runs[0] / "metrics.jsonl"))
+    assert [r["iteration"] for r in first] == list(range(76))
+    for run in runs:
+        saved = json.loads((run / "config.json").read_text())
+        assert config_diff(saved, default, ignore=("warm_start.cache_dir", "out_dir")) == [] and saved["threads"] == 2
+        assert without_timings(records(run / "metrics.jsonl")) == first
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["warm_start_cached"] is False and summary["versions"]["cpu"] == "AMD EPYC"
+        assert (summary["eval_success_start"], summary["eval_success_end"]) == (0.28125, 0.4140625)  # 36 → 53 of 128
+
+
 def test_the_cap20_preset_is_terse_text_the_training_cap_of_20_and_75_iterations():
     default = load_config(CAP20)
     assert default.env.options == {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True,
