@@ -31,3 +31,9 @@ def training_only(run: list[dict]) -> list[dict]:
     """Each record without its :data:`NOT_TRAINING` keys: what two runs of the same training share whatever
     weights they evaluate (an average of the weights changes the evaluations, not the training)."""
     return _without(run, NOT_TRAINING)
+
+
+def training_at_any_schedule(run: list[dict]) -> list[dict]:
+    """:func:`training_only` without the KL to the warm start, which a run logs only where it evaluates: what
+    two runs of the same training share whatever their ``eval_every``."""
+    return [{k: v for k, v in r.items() if k != "kl_warm_start"} for r in training_only(run)]
