@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from oma.experiments.plan import study_runs
-from oma.train.loop import read_metrics
+from oma.train.loop import evaluates, read_metrics
 from throughput import publish
 
 LOOP = ("time_rollout", "time_advantages", "time_update")
@@ -51,9 +51,8 @@ def parse_schedule(text: str) -> tuple[int, int]:
 
 
 def evaluation_iterations(horizon: int, every: int) -> list[int]:
-    """Where a run of ``horizon`` iterations evaluating every ``every`` evaluates: 0, the multiples of
-    ``every`` up to the horizon, and the horizon (oma.train.loop: ``it % eval_every == 0 or it == iterations``)."""
-    return sorted({0, horizon, *range(every, horizon + 1, every)})
+    """Where a run of ``horizon`` iterations evaluating every ``every`` evaluates (oma.train.loop.evaluates)."""
+    return [it for it in range(horizon + 1) if evaluates(it, every, horizon)]
 
 
 def phase_times(records: list[dict], run: str) -> tuple[dict[int, float], dict[int, float]]:

@@ -695,12 +695,13 @@ def test_the_grpo_375_preset_is_the_375_preset_with_grpo_as_its_studies_ran():
 def test_the_long_grpo_preset_is_the_grpo_375_preset_with_its_evaluation_time_spent_on_iterations():
     """Target 2's preset since 2026-12-06: the 375 recipe for 420 iterations, evaluated every 60, with the
     default job's average of the weights; its pre-registered study (seeds 12-16, one at a time) ran exactly it."""
-    preset = load_config(CONFIGS / "household-grpo-oma-long.yaml")
+    path = CONFIGS / "household-grpo-oma-long.yaml"
+    preset = load_config(path)
     assert (preset.algo.estimator, preset.iterations, preset.eval_every, preset.optim.ema) == ("grpo", 420, 60, 0.97)
     assert preset.optim.ema == load_config(None).optim.ema  # the default job's average
-    assert load_config(CONFIGS / "household-grpo-oma-long.yaml", ["out_dir=x"]) == load_config(
+    assert load_config(path, ["out_dir=x"]) == load_config(
         CONFIGS / "household-grpo-oma-375.yaml", ["iterations=420", "eval_every=60", "optim.ema=0.97", "out_dir=x"])
-    verl_accounting = to_dict(load_config(CONFIGS / "household-grpo-oma-long.yaml", ["algo.accounting=row", "algo.mass=native"]))
+    verl_accounting = to_dict(load_config(path, ["algo.accounting=row", "algo.mass=native"]))
     for arm, expected in (("OA+MA", to_dict(preset)), ("row+native", verl_accounting)):
         runs = _evidence_configs(f"2026-12-06-grpo-420-ema/{arm}")
         assert [s["seed"] for s in runs] == [12, 13, 14, 15, 16]

@@ -86,6 +86,12 @@ class Batch:
     logp_ref: Tensor | None  # float [R, L]
 
 
+def evaluates(iteration: int, eval_every: int, iterations: int) -> bool:
+    """Whether a run of ``iterations`` evaluating every ``eval_every`` evaluates after ``iteration``: at the
+    warm start (0), at every multiple of ``eval_every`` and at its last iteration."""
+    return iteration % eval_every == 0 or iteration == iterations
+
+
 def per_token(values: list[list[float]], width: int) -> Tensor:
     """float [R, width] from each row's per-response-token values (0 past a row's response)."""
     lengths = torch.tensor([len(v) for v in values], dtype=torch.long)
@@ -611,7 +617,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             width = mask.shape[1]
             # logp_old: recorded while sampling (same model, same constrained distribution, same temperature)
             logp_old, entropy = per_token(rows.logp, width), per_token(rows.entropy, width)
-            evaluating = it % cfg.eval_every == 0 or it == cfg.iterations
+            evaluating = evaluates(it, cfg.eval_every, cfg.iterations)
             need_ref = cfg.algo.kl_coef > 0 or (cfg.log_kl_warm_start and evaluating)
             logp_ref = (batch_logprobs(ref_model, rows, pad_id, cfg.optim.micro_batch_rows, width, cfg.policy.temperature)
                         if need_ref else None)
