@@ -1,4 +1,4 @@
-"""Load a by-hand script of benchmarks/ as a module, for the tests of its helpers."""
+"""Load a by-hand script of benchmarks/ or studies/tools/ as a module, for the tests of its helpers."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = (ROOT / "benchmarks", ROOT / "studies" / "tools")
 
 
 def load(name: str) -> ModuleType:
-    """benchmarks/<name>.py as a module (benchmarks/ is no package: its scripts are run by path, which puts
-    benchmarks/ on sys.path for the scripts that import one another)."""
-    if str(ROOT / "benchmarks") not in sys.path:
-        sys.path.append(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    """<folder>/<name>.py as a module (neither folder is a package: their scripts are run by path, which puts
+    the script's folder on sys.path for the scripts that import one another; the study tools that reuse a
+    benchmark's helpers put benchmarks/ there themselves)."""
+    for folder in FOLDERS:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
+    [path] = [f / f"{name}.py" for f in FOLDERS if (f / f"{name}.py").is_file()]
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

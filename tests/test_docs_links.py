@@ -1,4 +1,4 @@
-"""Every relative link in README.md, docs/ and benchmarks/ names a file that exists and, with a
+"""Every relative link in README.md, docs/, benchmarks/ and studies/ names a file that exists and, with a
 ``#fragment``, a heading (GitHub's anchor of it) or an ``<a id>`` in that file."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").glob("*.md")])
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "benchmarks").glob("*.md"),
+                *(ROOT / "studies").glob("**/*.md")])
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
 

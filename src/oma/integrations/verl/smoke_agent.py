@@ -1,4 +1,4 @@
-"""The multi-step agent loop of ``oma verl-smoke`` and benchmarks/gpu/verl_oma_smoke.sh (verl 0.9.1
+"""The multi-step agent loop of ``oma verl-smoke`` and tests/gpu/verl_oma_smoke.sh (verl 0.9.1
 AgentLoop API), registered as ``oma_smoke_multistep``.
 
 Each session is one episode of up to 4 model turns; every turn is returned as its own

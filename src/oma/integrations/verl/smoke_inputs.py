@@ -1,4 +1,4 @@
-"""The offline inputs of ``oma verl-smoke`` and benchmarks/gpu/verl_oma_smoke.sh: a tiny Qwen2 model
+"""The offline inputs of ``oma verl-smoke`` and tests/gpu/verl_oma_smoke.sh: a tiny Qwen2 model
 from config (random weights), a byte-level ChatML tokenizer, and a small prompt parquet. No network.
 
 Usage: python -m oma.integrations.verl.smoke_inputs OUT_DIR
