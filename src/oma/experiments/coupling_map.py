@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=30, metavar="S", help="seeds per cell (default 30)")
     p.add_argument("--horizon", type=int, default=None, metavar="H", help="matched horizon (default: the preset's 30)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel runs (default 1)")
-    p.add_argument("--out", default="studies/tabular-coupling-map", metavar="DIR", help="output (default studies/tabular-coupling-map)")
+    p.add_argument("--out", default="runs/coupling-map", metavar="DIR", help="output (default runs/coupling-map)")
     p.add_argument("--settings", default=",".join(SETTING_NAMES), metavar="A,B",
                    help=f"comma-separated subset of {', '.join(SETTING_NAMES)} (default all)")
     p.add_argument("--preset", default=PRESET, metavar="YAML", help=f"the lane's preset (default {PRESET})")
