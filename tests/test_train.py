@@ -492,8 +492,14 @@ def test_constrained_decoding_is_a_distribution_over_admissible_actions(tiny_pol
 
 
 def test_presets_load_and_name_their_command():
+    """configs/ holds the presets a user picks (at most 12, the verl example included), each headed by at most
+    3 comment lines, the first its command; a study's variants live with the study."""
     presets = sorted(CONFIGS.glob("*.yaml"))
     assert presets, "no presets found"
+    assert len(list(CONFIGS.rglob("*.yaml"))) <= 12
+    for path in CONFIGS.rglob("*.yaml"):
+        lines = path.read_text().splitlines()
+        assert len(lines[: next(i for i, ln in enumerate(lines) if not ln.startswith("#"))]) <= 3, path.name
     missing = []
     for path in presets:
         assert path.read_text().splitlines()[0] == f"# oma train configs/{path.name}"

@@ -1,4 +1,4 @@
-"""The 5-seed screen of an average of the weights and of a larger learning rate (docs/training.md#an-average-of-the-weights).
+"""The 5-seed screen of an average of the weights and of a larger learning rate (studies/weight-average/journal.md#an-average-of-the-weights).
 
 Reads DIR/<arm>/seed-K run folders trained with the screen's patch (``ema-screen.patch`` beside them),
 whose last evaluation also holds ``ema{β}_eval_success`` and ``ema{β}_eval_sampled_success``: the

@@ -1,6 +1,6 @@
 """Which way does one batch push a household task's first decision: stay in the room, or leave it?
 
-Run by hand (results in docs/training.md#where-greedy-episodes-first-go-wrong-rl-shifts-a-preference-it-does-not-learn-the-rule-measured):
+Run by hand (results in studies/what-limits-learning/journal.md#where-greedy-episodes-first-go-wrong-rl-shifts-a-preference-it-does-not-learn-the-rule-measured):
 
     .venv/bin/python studies/tools/first_step_credit.py --seed 0
     .venv/bin/python studies/tools/first_step_credit.py --seed 2

@@ -1,6 +1,6 @@
 """Does one RL batch's gradient point where the expert would? Cosines against an oracle direction.
 
-Run by hand (results in docs/training.md#the-rl-gradient-against-the-experts-it-points-away-from-what-held-out-states-need-measured):
+Run by hand (results in studies/what-limits-learning/journal.md#the-rl-gradient-against-the-experts-it-points-away-from-what-held-out-states-need-measured):
 
     .venv/bin/python studies/tools/gradient_alignment.py --seed 0 --batches 3 threads=1
     .venv/bin/python studies/tools/gradient_alignment.py --seed 2 --batches 3 --json out.json threads=2

@@ -1,6 +1,6 @@
 """Why greedy success lags sampled success: are greedy failures cycles, and where do they first go wrong?
 
-Run by hand on a finished `oma train` run (results in docs/training.md#why-greedy-success-lags-every-greedy-failure-is-a-loop-measured):
+Run by hand on a finished `oma train` run (results in studies/what-limits-learning/journal.md#why-greedy-success-lags-every-greedy-failure-is-a-loop-measured):
 
     .venv/bin/python studies/tools/greedy_loops.py runs/long-grpo/OA+MA/seed-0 --iteration 0
     .venv/bin/python studies/tools/greedy_loops.py runs/long-grpo/OA+MA/seed-0 --iteration 60
@@ -11,12 +11,12 @@ episodes in which an observation repeats exactly. With no history window the pro
 plus the observation, so a repeated observation under greedy decoding is a cycle to the step cap.
 It then replays each failure in a fresh environment and counts the kinds of its first action that
 differs from the expert's (household names rooms without a number, receptacles with one); results in
-docs/training.md#where-greedy-episodes-first-go-wrong-rl-shifts-a-preference-it-does-not-learn-the-rule-measured.
+studies/what-limits-learning/journal.md#where-greedy-episodes-first-go-wrong-rl-shifts-a-preference-it-does-not-learn-the-rule-measured.
 Of the first mistakes that go to a receptacle in the room while the goal is in another, it counts
 those whose receptacle is of the type the task's hint names ("drawer" in "Hint: the mug 1 is in/on
 drawer 1 in the kitchen."), against the count a uniform choice among the room's receptacles would
 give: under constrained decoding the type is the first token the policy writes after "go to", and
-the constraint then completes it with a number this room has (docs/training.md#the-hints-receptacle-type-most-wrong-stays-copy-it-measured).
+the constraint then completes it with a number this room has (studies/what-limits-learning/journal.md#the-hints-receptacle-type-most-wrong-stays-copy-it-measured).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a run's time buys when it evaluates less often: each run's measured phase times re-summed for
-other schedules of iterations and held-out evaluations (docs/training.md#target-2s-preset-since-2026-12-06-its-evaluation-time-spent-on-iterations-10-of-10-runs-5-seeds).
+other schedules of iterations and held-out evaluations (studies/longer-preset/journal.md#target-2s-preset-since-2026-12-06-its-evaluation-time-spent-on-iterations-10-of-10-runs-5-seeds).
 
 A run trained to iteration H with evaluations every E spends, besides its warm start (the same in
 every schedule, so left out), the time of its H iterations plus that of its evaluations. Both are in

@@ -1,6 +1,6 @@
 """Does RL learn? Held-out success before and after RL, across seeds, from an empty warm-start cache.
 
-Run by hand (results committed in benchmarks/learning.md):
+Run by hand (results committed in studies/what-limits-learning/learning-default.md):
 
     .venv/bin/python studies/tools/learning.py --seeds 5 --jobs 2 --out studies/what-limits-learning/learning-default.md
 

@@ -1,6 +1,6 @@
 """Which pushes of an RL batch move a household policy's stay-or-leave decision, and where?
 
-Run by hand (results in docs/training.md#which-pushes-move-the-room-decision-every-direction-moves-both-kinds-together-measured):
+Run by hand (results in studies/what-limits-learning/journal.md#which-pushes-move-the-room-decision-every-direction-moves-both-kinds-together-measured):
 
     .venv/bin/python studies/tools/room_bias.py --seed 0 --batches 3 threads=1
     .venv/bin/python studies/tools/room_bias.py --seed 2 --batches 3 --json out.json threads=1

@@ -1,4 +1,4 @@
-"""Start an average of the weights at a checkpoint of a run trained without one (docs/training.md#an-average-of-the-weights).
+"""Start an average of the weights at a checkpoint of a run trained without one (studies/weight-average/journal.md#an-average-of-the-weights).
 
 Copies run SRC up to its checkpoint at ``--iteration`` into a new run folder DST whose config is SRC's
 with ``optim.ema`` = β, and seeds that checkpoint's averaged weights with its live ones (θ̄_k = θ_k).

@@ -352,7 +352,7 @@ def generate_actions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, t
     This is GLAM's policy (Carta et al. 2023, "Grounding Large Language Models in Interactive
     Environments with Online Reinforcement Learning"): the whole action is one choice, so no token
     decides for the rest (under token-level constrained decoding the receptacle type is chosen
-    before its number; docs/training.md#an-action-level-policy-glam). As the tabular policy does,
+    before its number; studies/action-level-policy/journal.md#an-action-level-policy-glam). As the tabular policy does,
     each response token records the action's log-prob and the entropy of π_T(· | s), so the
     ``algo.reducer`` counts the action's choice once per token of it. ``allowed`` records each
     row's admissible actions (:func:`choices_tensor`).

@@ -19,7 +19,7 @@ def step_prompt(task: str, history: Sequence[tuple[str, str]], observation: str,
 
     ``show_actions=False`` leaves out the ``Can:`` line of admissible actions: under constrained
     decoding the policy can write nothing else, and the line is about a quarter of a household
-    prompt's tokens (docs/training.md#what-limited-learning).
+    prompt's tokens (studies/what-limits-learning/journal.md#what-limited-learning).
 
     The task is the last line before the answer. Most decisions copy a word of the task into the
     action (the object to take, the receptacle to put it on); a small model learns to copy from a

@@ -153,7 +153,7 @@ def run_episodes(make_env: Callable[[], object], act: Act, task_seeds: Sequence[
     its generation allowed (for log-probs of the same distribution in training).
     ``max_steps``: an episode still running after this many steps ends there, as the environment
     ends one at its own cap: its outcome is the rewards it collected, and it is won only if its last
-    step won (docs/training.md#a-shorter-training-horizon). ``None``: only the environment ends episodes.
+    step won (studies/default-job/journal.md#a-shorter-training-horizon). ``None``: only the environment ends episodes.
     """
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps: expected a positive number of steps or None, got {max_steps}")

@@ -6,7 +6,7 @@ the sign, never on the task, so a policy that learns the table (position, sign) 
 every task, and tasks differ only in which sign stands where. What a wrong action does is the
 knob: it decides whether failures are longer than successes (``stay``, ``reset``: the agent
 loops to the step cap), shorter (``end``: a dead end) or exactly as long (``advance``: the
-control, no coupling), with the policy's skill held fixed (docs/envs.md#chain). The admissible actions
+control, no coupling), with the policy's skill held fixed (docs/envs.md#chain-a-table-to-learn). The admissible actions
 differ widely in length (1 to 9 words), so a token-mean loss weights them very differently.
 """
 

@@ -2,7 +2,7 @@
 
 The tabular lane (docs/experiments.md#the-tabular-lane) runs ``oma compare`` of
 ``configs/chain-tabular-grpo.yaml`` once per *setting*: a way the ``chain`` environment couples
-episode length to outcome (docs/envs.md#chain), with GRPO, and GiGPO and GSPO on the setting whose
+episode length to outcome (docs/envs.md#chain-a-table-to-learn), with GRPO, and GiGPO and GSPO on the setting whose
 failures expand the most. Each setting gets its own full report in ``DIR/<setting>/``; this module
 then writes the map:
 

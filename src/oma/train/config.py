@@ -36,7 +36,7 @@ DEFAULT_JOB_ENV_OPTIONS: dict[str, Any] = {"size": "small", "goals": ["place"], 
                                            "text": "terse"}
 """household options of the default job: notes + hint make the right action depend on the current
 observation alone, so a 0.5M CPU policy needs no history window, and terse text says the same facts
-in about 20% fewer prompt tokens (docs/envs.md, docs/training.md#where-the-default-job-stands-measured)."""
+in about 20% fewer prompt tokens (docs/envs.md, studies/default-job/journal.md#where-the-default-job-stands-measured)."""
 
 
 @dataclass
@@ -67,7 +67,7 @@ class EnvConfig:
     the last step won); evaluation keeps the environment's own cap. ``None``: the environment's cap
     alone. Fewer steps per failed episode make an iteration cheaper: 20 (household's cap is 30) made
     the default job's iterations 1.5x faster with the same gains per iteration
-    (docs/training.md#a-shorter-training-horizon). Like ``options`` it belongs to one environment: a
+    (studies/default-job/journal.md#a-shorter-training-horizon). Like ``options`` it belongs to one environment: a
     layer that names another ``env.name`` starts from ``None`` (:func:`load_config`)."""
 
 
@@ -104,7 +104,7 @@ class PolicyConfig:
     action a token at a time; an early token, such as a receptacle's type, decides for the rest).
     ``action``: GLAM (Carta et al. 2023), π(a | s) = softmax over the admissible actions of the LM's
     whole-string log-likelihood, in rollouts, SFT and RL alike; every action of every state is scored
-    (the default job's SFT takes twice as long; docs/training.md#an-action-level-policy-glam)."""
+    (the default job's SFT takes twice as long; studies/action-level-policy/journal.md#an-action-level-policy-glam)."""
     lora_r: int = 0
     """LoRA rank via peft (0 = full fine-tuning)."""
     lora_alpha: int = 16
@@ -153,7 +153,7 @@ class AlgoConfig:
     """The episode score that outcome statistics compare: ``return`` (verl-agent's: the sum of the episode's
     rewards) | ``discounted`` (Σ_t γ^t r_t from the first step, with ``algo.gamma``: a win pays more the
     earlier it comes, so an episode that loops before it wins scores below one that does not; it raised the
-    default job's sampled gain by 4 points, docs/training.md#what-limited-learning). An invalid action's
+    default job's sampled gain by 4 points, studies/what-limits-learning/journal.md#what-limited-learning). An invalid action's
     penalty stays on its own row in both."""
     gamma: float = 0.95
     """Discount of GiGPO's step returns, and of the episode score under ``algo.score=discounted``."""
@@ -205,7 +205,7 @@ class OptimConfig:
     output; rollouts and updates use the live weights θ, so the PPO ratios are unchanged. Its memory is
     one more copy of the weights; checkpoints keep θ̄ (``ema.safetensors``), so resuming is exact. A β of
     0.97 (the default job's) gives the last 33 steps (8 iterations at 4 mini-batches) 1 − 0.97^33 ≈ 63%
-    of the average (docs/training.md#an-average-of-the-weights)."""
+    of the average (studies/weight-average/journal.md#an-average-of-the-weights)."""
 
 
 @dataclass
@@ -222,7 +222,7 @@ class TrainConfig:
     """Optimizer and batching."""
     iterations: int = 75
     """RL iterations (rollout + update). 75: what fits the default job's 5 minutes on 2 cores with terse text
-    and the training cap (docs/training.md#where-the-default-job-stands-measured)."""
+    and the training cap (studies/default-job/journal.md#where-the-default-job-stands-measured)."""
     seed: int = 0
     """Seeds model init, task sampling and rollouts; a run is reproducible from it."""
     eval_every: int = 75

@@ -314,7 +314,7 @@ class WeightAverage:
     (Polyak averaging with exponential weights; Polyak & Juditsky 1992; ``torch.optim.swa_utils``'s EMA
     step). About the last 1/(1 − β) steps carry most of the weight. β = 0 would be θ̄ = θ. The live
     weights θ are what rollouts and updates use; :meth:`swapped_in` lends θ̄ to the model for an
-    evaluation (docs/training.md#an-average-of-the-weights).
+    evaluation (studies/weight-average/journal.md#an-average-of-the-weights).
     """
 
     def __init__(self, model: torch.nn.Module, beta: float) -> None:
