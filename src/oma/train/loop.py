@@ -45,7 +45,8 @@ from oma.core import (
     weighted_loss,
 )
 from oma.core.segments import segments
-from oma.train.checkpoint import atomic_write_text, clean_debris, resume_from_checkpoint, save_checkpoint
+from oma.files import atomic_write_text, read_jsonl
+from oma.train.checkpoint import clean_debris, resume_from_checkpoint, save_checkpoint
 from oma.train.config import ConfigError, TrainConfig, config_diff, to_dict
 from oma.train.warmstart import build_policy, library_versions
 
@@ -483,9 +484,12 @@ def rollout_metrics(ro: Rollout) -> dict[str, float | None]:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl (empty when there is none yet)."""
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    """The records of a run's metrics.jsonl, or of its compressed ``metrics.jsonl.gz`` (empty when there is
+    none yet)."""
+    try:
+        return read_jsonl(run_dir / "metrics.jsonl")
+    except FileNotFoundError:
+        return []
 
 
 class MetricsLog:
