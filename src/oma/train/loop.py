@@ -675,9 +675,9 @@ def _write_samples(run_dir: Path, iteration: int, ro: Rollout, k: int) -> None:
 
 def _dump_batch(run_dir: Path, iteration: int, rows: Rows, scores: Tensor, mask: Tensor) -> None:
     """The batch as `oma audit` reads it; ``scores`` are the ones the advantages compared (``algo.score``)."""
-    from oma.diagnostics import write_batch
+    from oma.batchfile import batch_path, write_batch  # pyarrow: only for runs that dump batches
 
-    write_batch(run_dir / "batches" / f"iter_{iteration:06d}.parquet", group_index=rows.group_index,
+    write_batch(batch_path(run_dir, iteration), group_index=rows.group_index,
                 traj_index=rows.traj_index, step_index=rows.step_index, scores=scores, response_mask=mask,
                 anchor=rows.anchor, step_rewards=rows.step_rewards, won=rows.won)
 
