@@ -3,8 +3,9 @@ that compare two runs of the same training."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from oma.files import read_jsonl
 
 TIMINGS = ("time_", "tokens_per_s", "rows_per_s", "warm_start")
 """Keys the clock or the warm-start cache's place decide."""
@@ -14,8 +15,8 @@ NOT_TRAINING = (*TIMINGS, "eval_")
 
 
 def records(path: Path) -> list[dict]:
-    """Every record of a metrics.jsonl, in order."""
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """Every record of a metrics.jsonl (or of its compressed ``.gz``), in order."""
+    return read_jsonl(path)
 
 
 def _without(run: list[dict], prefixes: tuple[str, ...]) -> list[dict]:

@@ -74,7 +74,7 @@ def test_all_never_breaks_a_number_across_lines(tmp_path):
     from rich.console import Console
 
     from oma.diagnostics.audit import audit
-    from oma.diagnostics.io import read_batch
+    from oma.diagnostics.tables import read_batch
     from oma.diagnostics.report import iterations_section, render_terminal
 
     b = read_batch(WORKED)
@@ -96,7 +96,7 @@ def _captured(monkeypatch):
 
 def test_iteration_ticks_are_whole_and_equal_lines_are_labelled_together(tmp_path, monkeypatch):
     from oma.diagnostics.audit import audit
-    from oma.diagnostics.io import read_batch
+    from oma.diagnostics.tables import read_batch
 
     b = read_batch(WORKED)
     r = audit(b.scores, b.group_index, b.traj_index, response_tokens=b.response_tokens, step_index=b.step_index)
@@ -113,7 +113,7 @@ def test_iteration_ticks_are_whole_and_equal_lines_are_labelled_together(tmp_pat
 
 def test_the_longest_tenth_is_drawn_beside_the_outcome_bars(tmp_path, monkeypatch):
     from oma.diagnostics.audit import audit
-    from oma.diagnostics.io import read_batch
+    from oma.diagnostics.tables import read_batch
 
     b = read_batch(WORKED)
     r = audit(b.scores, b.group_index, b.traj_index, response_tokens=b.response_tokens, step_index=b.step_index)

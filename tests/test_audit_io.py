@@ -88,7 +88,7 @@ def test_mask_as_int_lists_and_parquet_list_column(tmp_path):
 
 @pytest.mark.parametrize("list_type", [pa.list_(pa.bool_()), pa.large_list(pa.bool_()), pa.list_(pa.int64())])
 def test_mask_counts_ragged_sliced_and_chunked(list_type):
-    from oma.diagnostics.io import _mask_counts
+    from oma.diagnostics.tables import _mask_counts
 
     lists = [[1, 0, 1], [], [0], [1] * 5, [1] * 9, [0, 1]]
     if list_type.value_type == pa.bool_():

@@ -13,7 +13,8 @@ import pytest
 import verl_agent_sim as sim
 
 from oma.cli import main as oma_main
-from oma.diagnostics.io import AuditInputError, _repeats, verl_agent_from_table
+from oma.diagnostics.tables import AuditInputError
+from oma.diagnostics.verl_agent import _repeats, verl_agent_from_table
 
 SEEDS = (0, 1, 2)
 

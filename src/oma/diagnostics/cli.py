@@ -16,18 +16,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from oma.diagnostics.io import (
-    FORMATS,
-    SOURCES,
-    VERL_AGENT_PENALTY,
-    AuditInputError,
-    parse_col_args,
-    read_batch,
-    read_verl_agent,
-    run_batches,
-)
+from oma.batchfile import run_batches
+from oma.diagnostics.tables import FORMATS, AuditInputError, parse_col_args, read_batch
+from oma.diagnostics.verl_agent import VERL_AGENT_PENALTY, read_verl_agent
 
 HELP = "audit the implicit trajectory weighting of a rollout batch (file or run dir)"
+SOURCES: tuple[str, ...] = ("oma", "verl-agent")
+"""Input formats of ``oma audit --from``: the audit's own columns, or a verl-agent batch dump."""
 GAMMA = 0.95
 
 

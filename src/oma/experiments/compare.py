@@ -151,7 +151,7 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     """Plan, run and report a comparison (see the module docstring). Returns the exit status."""
     from rich.console import Console
 
-    from oma.train.checkpoint import atomic_write_text
+    from oma.files import atomic_write_text
     from oma.train.config import load_config
     from oma.train.loop import env_factory
 

@@ -288,7 +288,7 @@ def main(argv: list[str]) -> int:
 def write_map(out: Path, names: list[str], command: str, wall: float) -> None:
     """The map of the finished settings ``names`` under ``out``: README.md, coupling_map.png, map.json.
     ``wall`` is the wall time of the command that ran them (the README reports it)."""
-    from oma.train.checkpoint import atomic_write_text
+    from oma.files import atomic_write_text
 
     m = collect(out, names)
     plot(m, out / "coupling_map.png")

@@ -466,7 +466,7 @@ def write_report(out: Path, out_file: Path | None = None, horizon: int | None = 
                  metric: str | None = None) -> Path:
     """Analyse ``out`` and write the Markdown report, its PNGs (beside it) and results.json; return its path."""
     from oma.experiments import plots
-    from oma.train.checkpoint import atomic_write_text
+    from oma.files import atomic_write_text
 
     out = Path(out)
     if not (out / "compare.json").is_file():

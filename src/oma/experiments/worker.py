@@ -30,7 +30,7 @@ def _quiet_hf():
 
 def _sync_threads(run_dir: Path, threads: int) -> None:
     """Let a resumed run use this invocation's thread count (train() refuses a config that differs)."""
-    from oma.train.checkpoint import atomic_write_text
+    from oma.files import atomic_write_text
 
     path = run_dir / "config.json"
     saved = json.loads(path.read_text())

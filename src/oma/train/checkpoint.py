@@ -9,7 +9,6 @@ before it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,20 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from oma.files import atomic_write_text, sha256_file
 
 
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -100,11 +86,6 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file."""
 
 
-def sha256_file(path: Path) -> str:
-    """The SHA-256 of a file's bytes, as a checkpoint's ``state.json`` records each of its tensor files'."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def checkpoints(run_dir: Path) -> list[Path]:
     """The run's checkpoints to resume from, best first: the one ``checkpoints/latest`` names, then the
     others from the newest."""
@@ -160,7 +141,7 @@ def resume_from_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: tor
 
 
 _DEBRIS = re.compile(r"^\.tmp-.+|^\.(latest|metrics\.jsonl|config\.json|summary\.json)\..+")
-"""What a killed save leaves: a checkpoint's temporary folder, or :func:`atomic_write_text`'s temporary file."""
+"""What a killed save leaves: a checkpoint's temporary folder, or :func:`oma.files.atomic_write_text`'s temporary file."""
 
 
 def clean_debris(run_dir: Path) -> None:

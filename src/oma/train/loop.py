@@ -45,7 +45,8 @@ from oma.core import (
     weighted_loss,
 )
 from oma.core.segments import segments
-from oma.train.checkpoint import atomic_write_text, clean_debris, resume_from_checkpoint, save_checkpoint
+from oma.files import atomic_write_text, read_jsonl
+from oma.train.checkpoint import clean_debris, resume_from_checkpoint, save_checkpoint
 from oma.train.config import ConfigError, TrainConfig, config_diff, to_dict
 from oma.train.warmstart import build_policy, library_versions
 
@@ -483,9 +484,12 @@ def rollout_metrics(ro: Rollout) -> dict[str, float | None]:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl (empty when there is none yet)."""
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.is_file() else []
+    """The records of a run's metrics.jsonl, or of its compressed ``metrics.jsonl.gz`` (empty when there is
+    none yet)."""
+    try:
+        return read_jsonl(run_dir / "metrics.jsonl")
+    except FileNotFoundError:
+        return []
 
 
 class MetricsLog:
@@ -671,9 +675,9 @@ def _write_samples(run_dir: Path, iteration: int, ro: Rollout, k: int) -> None:
 
 def _dump_batch(run_dir: Path, iteration: int, rows: Rows, scores: Tensor, mask: Tensor) -> None:
     """The batch as `oma audit` reads it; ``scores`` are the ones the advantages compared (``algo.score``)."""
-    from oma.diagnostics import write_batch
+    from oma.batchfile import batch_path, write_batch  # pyarrow: only for runs that dump batches
 
-    write_batch(run_dir / "batches" / f"iter_{iteration:06d}.parquet", group_index=rows.group_index,
+    write_batch(batch_path(run_dir, iteration), group_index=rows.group_index,
                 traj_index=rows.traj_index, step_index=rows.step_index, scores=scores, response_mask=mask,
                 anchor=rows.anchor, step_rewards=rows.step_rewards, won=rows.won)
 

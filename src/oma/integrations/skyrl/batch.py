@@ -227,7 +227,7 @@ def write_audit_batch(audit_dir: str | os.PathLike, step: int, structure: Stepwi
     Columns: ``group_id`` (uid), ``traj_id``, ``step``, ``score`` (the trajectory's outcome on each
     row) and ``response_tokens`` (Σ loss_mask), at ``<audit_dir>/batches/iter_<step>.parquet``.
     """
-    from oma.diagnostics import batch_path, write_batch
+    from oma.batchfile import batch_path, write_batch
 
     rows = len(structure.traj_index) - int(pad_size)
     keep = slice(0, rows)

@@ -1,4 +1,4 @@
-"""Batch files for the audit: reading JSONL / CSV / Parquet dumps, writing the trainer's batches.
+"""Batch files for the audit: reading JSONL / CSV / Parquet dumps into :class:`BatchColumns`.
 
 File format (one row per agent step; see docs/audit.md):
 
@@ -21,16 +21,13 @@ line ``--col traj_id=traj_uid``), and ``traj_id=@row`` makes every row its own t
 (single-turn verl batches). String ids (verl's uuid ``uid``) are mapped to int64 codes.
 
 Run directories written by the trainer hold ``RUN/batches/iter_000001.parquet`` (6-digit
-iteration), written by :func:`write_batch`.
+iteration), written by :func:`oma.batchfile.write_batch`. verl-agent's own dumps are read by
+:mod:`oma.diagnostics.verl_agent`, on top of the readers here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
-import re
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,21 +64,6 @@ _HINTS: dict[str, tuple[str, ...]] = {
     "won": ("success", "is_success"),
 }
 
-SOURCES: tuple[str, ...] = ("oma", "verl-agent")
-"""Input formats of ``oma audit --from``: the audit's own columns, or a verl-agent batch dump."""
-
-VERL_AGENT_COLUMNS: dict[str, str] = {
-    "group_id": "uid",
-    "traj_id": "traj_uid",
-    "score": "episode_rewards",
-    "anchor": "anchor_obs",
-    "step_reward": "step_rewards",
-}
-"""verl-agent's name for each role (docs/audit.md#verl-agent-batches)."""
-
-VERL_AGENT_PENALTY = 0.1
-"""verl-agent's default ``actor_rollout_ref.actor.invalid_action_penalty_coef``."""
-
 ROW_AS_TRAJ = "@row"
 """Source name meaning "every row is its own trajectory" (``--col traj_id=@row``)."""
 
@@ -94,9 +76,6 @@ _EXTENSIONS = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-
-BATCH_DIR = "batches"
-_BATCH_RE = re.compile(r"^iter_(\d{6,})\.parquet$")
 
 
 class AuditInputError(ValueError):
@@ -142,9 +121,6 @@ class BatchColumns:
     def rows(self) -> int:
         return int(self.scores.shape[0])
 
-
-# --------------------------------------------------------------------------------------------
-# reading
 
 
 def parse_col_args(items: list[str] | None) -> dict[str, str]:
@@ -305,132 +281,6 @@ def batch_from_table(
         source=source,
     )
 
-
-def read_verl_agent(
-    path: str | os.PathLike,
-    columns: Mapping[str, str] | None = None,
-    *,
-    invalid_penalty: float = VERL_AGENT_PENALTY,
-    success_threshold: float | None = None,
-    fmt: str | None = None,
-) -> BatchColumns:
-    """Read a verl-agent batch dump (docs/audit.md#verl-agent-batches) as verl-agent trains on it.
-
-    See :func:`verl_agent_from_table`; ``columns`` overrides verl-agent's column names.
-    """
-    table = read_table(path, fmt)
-    return verl_agent_from_table(
-        table, columns, invalid_penalty=invalid_penalty, success_threshold=success_threshold, source=str(path)
-    )
-
-
-def verl_agent_from_table(
-    table: pa.Table,
-    columns: Mapping[str, str] | None = None,
-    *,
-    invalid_penalty: float = VERL_AGENT_PENALTY,
-    success_threshold: float | None = None,
-    source: str = "<table>",
-) -> BatchColumns:
-    """A verl-agent batch (``uid``, ``traj_uid``, ``episode_rewards``, ``is_action_valid``, ``response_mask``
-    or ``response_tokens``, and for GiGPO ``anchor_obs`` and ``step_rewards``) as verl-agent trains on it.
-
-    * **Score.** Row r's score is ``episode_rewards_r − invalid_penalty·(1 − is_action_valid_r)``,
-      verl-agent's ``token_level_rewards.sum(-1)`` after ``apply_invalid_action_penalty`` (the
-      ``episode_rewards`` field itself never carries the penalty). ``step_rewards`` are read as
-      dumped: after that call they already carry it (verl-agent subtracts it in place).
-    * **Success** is decided before the penalty: ``episode_rewards > 0`` (or ``≥ success_threshold``),
-      unless a ``won`` column is mapped.
-    * **Padding copies.** ``adjust_batch(mode="copy")`` appends copies of random rows until the
-      batch divides the micro-batch sizes. A row identical to an earlier row in every column read
-      (and in ``row_hash`` when the dump has it) is flagged in ``padding_copy``; it stays in the
-      batch, because verl-agent trains on it.
-
-    Raises:
-        AuditInputError: one line naming the column, and the trajectory (``traj_uid``) where a row
-            is at fault.
-    """
-    if not (isinstance(invalid_penalty, (int, float)) and math.isfinite(invalid_penalty) and invalid_penalty >= 0):
-        raise AuditInputError(f"--invalid-penalty must be a finite number ≥ 0, got {invalid_penalty!r}")
-    names = list(table.column_names)
-    overrides = dict(columns or {})
-    mapping = {role: col for role, col in VERL_AGENT_COLUMNS.items() if role not in overrides and col in names}
-    for role in ("group_id", "traj_id", "score"):
-        col = overrides.get(role, VERL_AGENT_COLUMNS[role])
-        if col not in names and table.num_rows:
-            raise AuditInputError(
-                f"missing column {col!r} ({role}) in {source} (found: {', '.join(names) or 'no columns'}); "
-                f"--from verl-agent reads verl-agent's columns (docs/audit.md#verl-agent-batches), or map it with "
-                f"--col {role}=NAME"
-            )
-    mapping.update(overrides)
-    b = batch_from_table(table, mapping, source=source)
-    where = in_trajectory(b.traj_index, b.traj_labels)
-    episode = b.scores
-    _check_constant(episode, b.traj_index, b.traj_labels, f"'{mapping['score']}' (score)",
-                    "verl-agent stamps one episode reward on every row of a trajectory (is it the per-step 'rewards'?)")
-    invalid = None
-    if "is_action_valid" in names:
-        invalid = ~_bools(table["is_action_valid"], "'is_action_valid'", where)
-    elif invalid_penalty > 0:
-        raise AuditInputError(
-            f"{source} has no column 'is_action_valid': verl-agent subtracts {invalid_penalty:g} per invalid action "
-            "from the score (actor_rollout_ref.actor.invalid_action_penalty_coef); dump is_action_valid, or pass "
-            "--invalid-penalty 0 if the run set use_invalid_action_penalty=False"
-        )
-    scores = episode - invalid_penalty * invalid if invalid is not None else episode
-    won, rule = b.won, None
-    if won is None:
-        if success_threshold is None:
-            won, rule = episode > 0, f"{mapping['score']} > 0 (before the invalid-action penalty)"
-        else:
-            won = episode >= success_threshold
-            rule = f"{mapping['score']} >= {success_threshold:g} (before the invalid-action penalty)"
-    key_columns = sorted({*mapping.values(), "is_action_valid", "row_hash", "response_mask", "response_tokens"} & set(names))
-    return dataclasses.replace(
-        b,
-        scores=scores,
-        won=won,
-        success_rule=rule,
-        padding_copy=_repeats(table, key_columns),
-        dump=DumpInfo(
-            format="verl-agent",
-            invalid_penalty=float(invalid_penalty),
-            invalid_actions=None if invalid is None else int(invalid.sum()),
-        ),
-    )
-
-
-def _check_constant(values: np.ndarray, traj_index: np.ndarray, traj_labels: np.ndarray, what: str, why: str) -> None:
-    n = int(traj_index.max(initial=-1)) + 1
-    lo = np.full(n, np.inf)
-    hi = np.full(n, -np.inf)
-    np.minimum.at(lo, traj_index, values)
-    np.maximum.at(hi, traj_index, values)
-    bad = np.flatnonzero(lo != hi)
-    if bad.size:
-        t = int(bad[0])
-        raise AuditInputError(
-            f"column {what} differs between rows of trajectory {label_of(traj_labels[t])!r} "
-            f"({lo[t]:g} to {hi[t]:g}; {bad.size} trajectories): {why}"
-        )
-
-
-def _repeats(table: pa.Table, names: list[str]) -> np.ndarray:
-    """bool [R]: the row equals an earlier row in every column of ``names`` (nested values included)."""
-    codes = []
-    for name in names:
-        col = table[name].combine_chunks()
-        try:
-            enc = col.dictionary_encode()
-        except pa.ArrowNotImplementedError:  # a mask, an observation as nested lists, a struct
-            enc = pa.array([repr(v) for v in col.to_pylist()]).dictionary_encode()
-        codes.append(enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64))
-    key = np.stack(codes, axis=1)
-    _, first = np.unique(key, axis=0, return_index=True)
-    repeat = np.ones(table.num_rows, dtype=bool)
-    repeat[first] = False
-    return repeat
 
 
 def _hint(role: str, names: list[str]) -> str:
@@ -624,127 +474,3 @@ def check_one_group_per_traj(
             f"{g1!r}; every trajectory must lie in exactly one group ({err.n_split} trajectories do not)"
         ) from None
 
-
-# --------------------------------------------------------------------------------------------
-# writing (the trainer hook) and run directories
-
-
-def _as_numpy(name: str, x: object) -> np.ndarray:
-    try:
-        import torch
-
-        if isinstance(x, torch.Tensor):
-            return x.detach().cpu().numpy()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    if x is None:
-        raise TypeError(f"{name} is required")
-    return np.asarray(x)
-
-
-def write_batch(
-    path: str | os.PathLike,
-    *,
-    group_index,
-    traj_index,
-    step_index,
-    scores,
-    response_mask,
-    anchor=None,
-    step_rewards=None,
-    won=None,
-) -> Path:
-    """Write one batch as a Parquet file in the audit format, atomically.
-
-    Columns written: ``group_id``, ``traj_id``, ``step`` (int64), ``score`` (float64),
-    ``response_tokens`` (int64, Σ of each row's mask), and when given ``anchor`` (int64),
-    ``step_reward`` (float64), ``won`` (bool). The file appears complete or not at all: it is
-    written to a hidden temporary file in the same directory and renamed into place (parent
-    directories are created). Inputs may be torch tensors or numpy arrays.
-
-    Args:
-        path: target file, by convention ``batch_path(run_dir, iteration)``.
-        group_index, traj_index, step_index: integer [R].
-        scores: float [R], finite.
-        response_mask: bool [R, L], True = trainable token.
-        anchor: integer [R], optional.
-        step_rewards: float [R], optional.
-        won: bool [R] (or 0/1), optional.
-
-    Returns: the path written.
-    """
-    path = Path(path)
-    mask = _as_numpy("response_mask", response_mask)
-    if mask.dtype != np.bool_ or mask.ndim != 2:
-        raise ValueError(
-            f"response_mask must be a bool [R, L] array (True = trainable token), got {mask.dtype} {mask.shape}"
-        )
-    rows = mask.shape[0]
-
-    def ids(name: str, x: object) -> np.ndarray:
-        a = _as_numpy(name, x)
-        if a.ndim != 1 or a.shape[0] != rows or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"{name} must be an integer [{rows}] array, got {a.dtype} {a.shape}")
-        return a.astype(np.int64, copy=False)
-
-    def floats(name: str, x: object) -> np.ndarray:
-        a = _as_numpy(name, x)
-        if (
-            a.ndim != 1
-            or a.shape[0] != rows
-            or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer))
-        ):
-            raise ValueError(f"{name} must be a float [{rows}] array, got {a.dtype} {a.shape}")
-        a = a.astype(np.float64, copy=False)
-        if not np.isfinite(a).all():
-            raise ValueError(f"{name} has {int((~np.isfinite(a)).sum())} NaN/inf value(s)")
-        return a
-
-    data: dict[str, np.ndarray] = {
-        "group_id": ids("group_index", group_index),
-        "traj_id": ids("traj_index", traj_index),
-        "step": ids("step_index", step_index),
-        "score": floats("scores", scores),
-        "response_tokens": mask.sum(axis=1, dtype=np.int64),
-    }
-    if anchor is not None:
-        data["anchor"] = ids("anchor", anchor)
-    if step_rewards is not None:
-        data["step_reward"] = floats("step_rewards", step_rewards)
-    if won is not None:
-        w = _as_numpy("won", won)
-        if w.ndim != 1 or w.shape[0] != rows:
-            raise ValueError(f"won must be a [{rows}] array, got {w.dtype} {w.shape}")
-        data["won"] = w.astype(bool)
-    table = pa.table(data)
-    import pyarrow.parquet as pq
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
-def batch_path(run_dir: str | os.PathLike, iteration: int) -> Path:
-    """``RUN/batches/iter_000001.parquet``: where the trainer writes iteration ``iteration``'s batch."""
-    if int(iteration) < 0:
-        raise ValueError(f"iteration must be ≥ 0, got {iteration}")
-    return Path(run_dir) / BATCH_DIR / f"iter_{int(iteration):06d}.parquet"
-
-
-def run_batches(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``(iteration, path)`` of every batch of a run directory, by iteration (empty if none)."""
-    folder = Path(run_dir) / BATCH_DIR
-    if not folder.is_dir():
-        return []
-    found = []
-    for p in folder.iterdir():
-        m = _BATCH_RE.match(p.name)
-        if m and p.is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
