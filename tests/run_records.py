@@ -3,6 +3,7 @@ that compare two runs of the same training."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 from oma.files import read_jsonl
@@ -17,6 +18,14 @@ NOT_TRAINING = (*TIMINGS, "eval_")
 def records(path: Path) -> list[dict]:
     """Every record of a metrics.jsonl (or of its compressed ``.gz``), in order."""
     return read_jsonl(path)
+
+
+def lines(path: Path) -> list[str]:
+    """The text lines of a metrics.jsonl (or of its compressed ``.gz``) as written, for byte-exact comparisons."""
+    packed = path.with_name(path.name + ".gz")
+    if not path.exists() and packed.is_file():
+        return gzip.decompress(packed.read_bytes()).decode("utf-8").splitlines()
+    return path.read_text(encoding="utf-8").splitlines()
 
 
 def _without(run: list[dict], prefixes: tuple[str, ...]) -> list[dict]:

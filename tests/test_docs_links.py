@@ -86,7 +86,7 @@ def test_the_training_guide_is_a_guide():
 
 MENTION = re.compile(r"\b((?:docs|studies|benchmarks)/[\w./+-]*\.md)(?:#([\w-]+))?")
 CODE = sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "configs").rglob("*.yaml"), *(ROOT / "benchmarks").glob("*.py"),
-               *(ROOT / "studies" / "tools").glob("*.py")])
+               *(ROOT / "studies" / "tools").glob("*.py"), *(ROOT / "studies").glob("*/*.yaml")])
 
 
 def test_the_pages_code_and_configs_cite_exist():

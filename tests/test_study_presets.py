@@ -4,7 +4,7 @@ should repeat one another do, record for record (studies/*/evidence)."""
 import json
 
 from oma.train.config import config_diff, load_config, to_dict
-from run_records import records, training_at_any_schedule, without_timings
+from run_records import lines, records, training_at_any_schedule, without_timings
 from studies import evidence
 from studies import preset as find_preset
 
@@ -173,9 +173,9 @@ def test_the_grpo_375_preset_is_the_375_preset_with_grpo_as_its_studies_ran():
             assert config_diff(before, one, ignore=RUN_ONLY) == ["iterations (saved 375, now 525)"]
             run = evidence("2026-12-05-grpo-525") / arm / f"seed-{one['seed']}" / "metrics.jsonl"
             first = evidence("2026-12-05-grpo-375" if one["seed"] < 5 else "2026-12-05-grpo-375-seeds-5-7") / arm
-            lines = run.read_text().splitlines()
-            assert lines[:376] == (first / f"seed-{one['seed']}" / "metrics.jsonl").read_text().splitlines()
-            assert [json.loads(ln)["iteration"] for ln in lines[376:]] == list(range(376, 526))
+            written = lines(run)
+            assert written[:376] == lines(first / f"seed-{one['seed']}" / "metrics.jsonl")
+            assert [json.loads(ln)["iteration"] for ln in written[376:]] == list(range(376, 526))
         # two more seeds, twice, trained from scratch for 525 iterations, read at 375 (the preset's end) and at 525
         for study, seeds in (("2026-12-05-grpo-525-seeds-8-9", [8, 9]), ("2026-12-06-grpo-525-seeds-10-11", [10, 11])):
             fresh = _evidence_configs(f"{study}/{arm}")
@@ -183,8 +183,7 @@ def test_the_grpo_375_preset_is_the_375_preset_with_grpo_as_its_studies_ran():
             for one in fresh:
                 assert config_diff(expected, one, ignore=RUN_ONLY) == ["iterations (saved 375, now 525)"]
                 assert one["threads"] == 2 and one["warm_start"]["cache_dir"] == "/tmp/emptycache"
-                rows = [json.loads(ln) for ln in
-                        (evidence(study) / arm / f"seed-{one['seed']}" / "metrics.jsonl").read_text().splitlines()]
+                rows = records(evidence(study) / arm / f"seed-{one['seed']}" / "metrics.jsonl")
                 assert [r["iteration"] for r in rows] == list(range(526))
                 assert [r["iteration"] for r in rows if "eval_success" in r] == list(range(0, 526, 15))
 

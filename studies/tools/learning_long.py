@@ -104,6 +104,7 @@ from pathlib import Path
 
 from oma.experiments.plan import study_runs
 from oma.experiments.stats import Estimate, endpoint, endpoint_iterations, mean_ci, paired_diff
+from oma.files import read_jsonl
 
 METRICS = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
 
@@ -157,10 +158,7 @@ def curves(run_dir: Path, unit: str = "iteration") -> dict[str, dict[int, float]
     """Held-out greedy and sampled success of a run, keyed by ``unit`` (:data:`UNITS`)."""
     scale = episodes_per_iteration(run_dir) if unit == "episode" else 1
     out: dict[str, dict[int, float]] = {m: {} for m in METRICS}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in read_jsonl(run_dir / "metrics.jsonl"):  # or its committed metrics.jsonl.gz
         for m in METRICS:
             if m in row:
                 out[m][int(row["iteration"]) * scale] = float(row[m])
@@ -231,7 +229,7 @@ def main(argv: list[str]) -> int:
     unfinished = []
     for key, run_dir in found.items():
         variant, seed = key.split("/seed-")
-        c = curves(run_dir, args.unit) if (run_dir / "metrics.jsonl").is_file() else None
+        c = curves(run_dir, args.unit) if any((run_dir / f).is_file() for f in ("metrics.jsonl", "metrics.jsonl.gz")) else None
         if c is None or horizons[variant] not in c["eval_success"]:
             unfinished.append(key)
             continue

@@ -60,7 +60,7 @@ KEY = "trainer.algorithm.oma"
 
 @dataclass
 class OMAConfig:
-    """``trainer.algorithm.oma``: the OMA options of a SkyRL run (docs/skyrl.md#config).
+    """``trainer.algorithm.oma``: the OMA options of a SkyRL run (docs/skyrl.md#configuration-reference).
 
     ``accounting=trajectory`` with ``mass=native`` is SkyRL unmodified.
     """
@@ -75,7 +75,7 @@ class OMAConfig:
     (1/T each) or ``group`` (1/(G·|trajectories of its group|))."""
     audit_dir: str | None = None
     """When set, every training step's batch is written to ``<audit_dir>/batches/iter_<step>.parquet``
-    in ``oma audit``'s format (``oma audit <audit_dir>``), whatever the other options (docs/skyrl.md#audit)."""
+    in ``oma audit``'s format (``oma audit <audit_dir>``), whatever the other options (docs/skyrl.md#audit-your-run)."""
 
     def __post_init__(self) -> None:
         check_option(f"{KEY}.accounting", self.accounting, ACCOUNTINGS)
