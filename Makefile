@@ -15,7 +15,7 @@ $(BIN)/oma-installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,verl,textworld,scienceworld,alfworld]" "$(TORCH_PIN)" -c constraints.txt
+	$(BIN)/pip install -q -e ".[dev,docs,verl,textworld,scienceworld,alfworld]" "$(TORCH_PIN)" -c constraints.txt
 	touch $@
 
 $(SKYRL_BIN)/oma-installed: pyproject.toml

@@ -317,7 +317,8 @@ def gigpo_advantages(
         scores: float [R], episode outcome on each row.
         step_rewards: float [R], the row's own step reward r_{τ,k}.
         anchor: integer [R], id of the state the row acted in (see :func:`oma.core.anchor_ids`).
-        group_index, traj_index: as in :func:`outcome_advantages`.
+        group_index: as in :func:`outcome_advantages`.
+        traj_index: as in :func:`outcome_advantages`.
         step_index: integer [R], the row's step number inside its trajectory.
         gamma: discount γ in [0, 1] of the step return.
         step_advantage_w: ω ≥ 0, weight of the step term.

@@ -83,7 +83,8 @@ def token_objective(
         advantages: float [R] (one per row) or [R, L] (per token).
         response_mask: bool [R, L], True = trainable token.
         objective: ``"ppo"`` or ``"gspo"`` (see :data:`Objective`).
-        clip_low, clip_high: ε_low, ε_high ≥ 0 (``clip_low`` < 1).
+        clip_low: ε_low ≥ 0, < 1.
+        clip_high: ε_high ≥ 0.
         clip_ratio_c: dual-clip bound c > 1, or None for none.
 
     Returns: ℓ, shape [R, L], 0 at masked tokens.

@@ -125,7 +125,8 @@ def token_weights(
 
     Args:
         response_mask: bool [R, L], True = trainable token.
-        group_index, traj_index: integer [R] ids (see :func:`oma.core.outcome_advantages`).
+        group_index: integer [R] ids (see :func:`oma.core.outcome_advantages`).
+        traj_index: integer [R] ids (see :func:`oma.core.outcome_advantages`).
         reducer: see :data:`Reducer`.
         mass: see :data:`Mass`.
         loss_scale_factor: L_norm of ``seq-mean-token-sum-norm``; None = padded length L (verl).
@@ -158,7 +159,9 @@ def row_coefficients(
     Args:
         n_tokens: n_r, trainable tokens per row (≥ 0), [R].
         structure: :func:`oma.core.segments.batch_structure` of the batch's ids.
-        reducer, mass, loss_scale_factor: as in :func:`token_weights`.
+        reducer: as in :func:`token_weights`.
+        mass: as in :func:`token_weights`.
+        loss_scale_factor: as in :func:`token_weights`.
         length: the padded response length L.
     """
     check_option("reducer", reducer, REDUCERS)

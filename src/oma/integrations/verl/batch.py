@@ -180,8 +180,9 @@ def compute_oma_batch(
         response_mask: [R, L] (bool/int), the mask verl's loss will use.
         keys: verl's row keys ``{uid}_{session_id}_{index}`` in batch order.
         algorithm_config: verl's ``algorithm`` node (``adv_estimator`` ∈ oma_*, ``algorithm.oma``).
-        dp_size, mini_batch_rows: the actor's data-parallel size and rows per PPO mini-batch
-            (``ppo_mini_batch_size·rollout.n``); None = one mini-batch.
+        dp_size: the actor's data-parallel size.
+        mini_batch_rows: rows per PPO mini-batch (``ppo_mini_batch_size·rollout.n``); None = one
+            mini-batch.
         anchor: int64 [R] state ids, needed by ``oma_gigpo`` (see :func:`prompt_anchor_ids`).
         loss_scale_factor: L_norm for ``reducer: seq-mean-token-sum-norm`` when ``algorithm.oma``
             sets none (the trainer passes ``actor.loss_scale_factor``).

@@ -1,0 +1,91 @@
+"""mkdocs hook: the guide's links out of docs/ work in the site as they do on GitHub (mkdocs.yml).
+
+The same Markdown is read on GitHub, so docs/ pages link to the lab notebook and the benchmarks with
+relative paths out of docs/ (``../studies/longer-preset/README.md``), and studies pages link back
+(``../../docs/training.md``). This hook publishes studies/ and benchmarks/ (Markdown and figures) as
+pages under ``studies/...`` and ``benchmarks/...``, and rewrites every relative inline link
+(``[text](path)``, ``![alt](path)``) of every page to its target's path in the site, or, where the
+target is not in the site (code, configs, data, folders), to the file on GitHub. Links that resolve to
+nothing are left as written, for ``mkdocs build --strict`` to report. tests/test_docs_site.py checks it.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+# The repository's trees published beside docs/, and the files of them that become part of the site.
+INCLUDED = ("studies/**/*", "benchmarks/*")
+SITE_SUFFIXES = (".md", ".png")
+STUDIES_SECTION = "Studies"  # mkdocs.yml's nav section that lists each study's README.md
+
+# An inline code span (left as it is), or the target of an inline link: what follows "](" up to the
+# closing parenthesis or the space before a title.
+TOKEN = re.compile(r"(?P<code>(`+).*?(?<!`)\2(?!`))|(?<=\]\()(?P<target>[^)\s]+)")
+FENCE = re.compile(r"\s*(```|~~~)")
+URL = re.compile(r"[A-Za-z][\w+.-]*:")  # https:, mailto:, ...
+
+
+def root_of(config) -> Path:
+    return Path(os.path.abspath(config.config_file_path)).parent
+
+
+def included(root: Path) -> list[Path]:
+    return sorted(p for pattern in INCLUDED for p in root.glob(pattern) if p.suffix in SITE_SUFFIXES and p.is_file())
+
+
+def on_config(config):
+    root = root_of(config)
+    readmes = sorted(p.relative_to(root).as_posix() for p in root.glob("studies/*/README.md"))
+    for item in config.nav or []:
+        if isinstance(item, dict) and STUDIES_SECTION in item:
+            item[STUDIES_SECTION] += readmes
+    return config
+
+
+def on_files(files, config):
+    root = root_of(config)
+    for path in included(root):
+        file = File.generated(config, path.relative_to(root).as_posix(), abs_src_path=str(path))
+        # edit_uri is relative to docs_dir, so the page's "edit" button needs the path from there.
+        file.edit_uri = Path(os.path.relpath(path, config.docs_dir)).as_posix()
+        files.append(file)
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    site = {os.path.normpath(f.abs_src_path): f.src_uri for f in files if f.abs_src_path and f.inclusion.is_included()}
+    return rewrite_links(markdown, page.file.abs_src_path, page.file.src_uri, site, str(root_of(config)), config.repo_url)
+
+
+def rewrite_links(markdown: str, source: str, src_uri: str, site: dict[str, str], root: str, repo_url: str) -> str:
+    """``markdown`` of the page read from ``source`` (published at ``src_uri``) with each relative link
+    rewritten by :func:`site_target`; fenced code blocks and inline code are left untouched."""
+    lines, fenced = markdown.split("\n"), False
+    for i, line in enumerate(lines):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines[i] = TOKEN.sub(lambda m: m["code"] or site_target(m["target"], source, src_uri, site, root, repo_url), line)
+    return "\n".join(lines)
+
+
+def site_target(target: str, source: str, src_uri: str, site: dict[str, str], root: str, repo_url: str) -> str:
+    """Where the link ``target`` written in ``source`` points in the site: the target's ``src_uri`` (``site``
+    maps normalised absolute paths to them) relative to the page's, or its GitHub URL when it is a file or
+    folder of the repository ``root`` not in the site. URLs, same-page anchors and links that resolve to
+    nothing come back as written. Paths are joined lexically, as GitHub resolves a relative link."""
+    if URL.match(target) or target.startswith(("#", "/")):
+        return target
+    path, hash_, fragment = target.partition("#")
+    real = os.path.normpath(os.path.join(os.path.dirname(source), path))
+    if real in site:
+        return posixpath.relpath(site[real], posixpath.dirname(src_uri) or ".") + hash_ + fragment
+    if not os.path.exists(real) or os.path.commonpath([real, root]) != root:
+        return target
+    kind = "tree" if os.path.isdir(real) else "blob"
+    return f"{repo_url.rstrip('/')}/{kind}/main/{Path(real).relative_to(root).as_posix()}" + hash_ + fragment
