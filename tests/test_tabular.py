@@ -221,7 +221,8 @@ def test_tabular_defaults_start_uniform_and_lm_defaults_keep_their_warm_start():
 
 def test_the_imitation_warm_start_through_the_config_prefers_the_expert():
     from oma.train.loop import env_factory
-    from oma.train.warmstart import DEMO_SEED_OFFSET, build_policy
+    from oma.agent.imitation import DEMO_SEED_OFFSET
+    from oma.train.warmstart import build_policy
 
     cfg = load_config(None, ["policy.model=tabular", "env.name=chain", "warm_start.enabled=true", "warm_start.episodes=5"])
     policy, tokenizer, info = build_policy(cfg, env_factory(cfg))
