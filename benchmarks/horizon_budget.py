@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from oma.experiments.plan import study_runs
-from oma.train.loop import evaluates, read_metrics
+from oma.train import evaluates, read_metrics
 from throughput import publish
 
 LOOP = ("time_rollout", "time_advantages", "time_update")

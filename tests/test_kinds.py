@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from oma.agent.kinds import KINDS, ActionLM, PolicyKind, Table, TokenLM, policy_kind, rows_kind
-from oma.train.config import ConfigError, load_config
-from oma.train.loop import env_factory as make_env
+from oma.train import ConfigError, load_config, make_env
 
 LM = ["policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=300", "warm_start.episodes=2",
       "warm_start.epochs=1", "policy.max_new_tokens=6", "threads=1"]

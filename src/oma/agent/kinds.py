@@ -52,7 +52,7 @@ class PolicyKind(ABC):
                    progress: Progress | None = None) -> tuple[torch.nn.Module, Any, dict]:
         """``(model, tokenizer or None, info)``: the policy before RL, learnt from noisy-expert demonstrations
         (``warm_start.*``). A kind that caches it keeps it in ``cache_folder()``, the folder of this config's
-        warm start (``oma.train.warmstart.cache_key``), and loads it from there when it is done. ``info`` is
+        warm start (``oma.train.cache_key``), and loads it from there when it is done. ``info`` is
         the ``warm_start`` record of metrics.jsonl."""
 
     @abstractmethod

@@ -65,7 +65,9 @@ def task_seeds(cfg: TrainConfig, iteration: int) -> list[int]:
     return [(first + k) % cfg.env.eval_seed_offset for k in range(g)]
 
 
-def env_factory(cfg: TrainConfig) -> Callable[[], object]:
+def make_env(cfg: TrainConfig) -> Callable[[], object]:
+    """A factory of fresh environments of ``cfg`` (``env.name`` with ``env.options``); the options are
+    checked once, here (ConfigError naming ``env.options``)."""
     try:
         oma.envs.make(cfg.env.name, **cfg.env.options)
     except (TypeError, ValueError) as e:
@@ -148,9 +150,9 @@ def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int, 
 
 
 def row_logprobs(model, rows: Rows, idx: Tensor, pad_id: int, *, temperature: float, with_entropy: bool = False):
-    """``(logp, response_mask, entropy)`` of rows ``idx`` under the policy, scored as the kind that made them
-    samples (:meth:`oma.agent.kinds.PolicyKind.logprobs`), at the rollout temperature (the distribution the
-    rows were sampled from, verl's convention)."""
+    """``(logp, response_mask, entropy)`` of rows ``idx`` under the policy, as the kind that made them samples
+    (:meth:`oma.agent.kinds.PolicyKind.logprobs`) at the rollout temperature: the distribution the rows were
+    sampled from, verl's convention."""
     return rows_kind(rows).logprobs(model, rows, idx, pad_id, temperature=temperature, with_entropy=with_entropy)
 
 
@@ -540,7 +542,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
     torch.set_num_threads(cfg.threads)
 
     # ---- 0. setup: env, run directory, policy (warm start), optimizer, resume ------------------
-    make_env = env_factory(cfg)
+    new_env = make_env(cfg)  # new_env() is a fresh environment
     if resume:
         _check_resume_config(run_dir, cfg)
         clean_debris(run_dir)
@@ -550,7 +552,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=False)
     with progress:
-        model, tokenizer, ws_info = trainable_policy(cfg, make_env, progress)
+        model, tokenizer, ws_info = trainable_policy(cfg, new_env, progress)
         # A frozen copy of the warm start: the KL penalty's reference, and the `kl_warm_start` diagnostic.
         ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 or cfg.log_kl_warm_start else None
         optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
@@ -568,7 +570,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         else:
             keep_through(log.path, -1)
             (run_dir / "samples.jsonl").unlink(missing_ok=True)
-            log.write({"iteration": 0, **evaluate(cfg, make_env, model, tokenizer, 0), "warm_start": ws_info})
+            log.write({"iteration": 0, **evaluate(cfg, new_env, model, tokenizer, 0), "warm_start": ws_info})
 
         # at least twice per run, so a short run killed halfway can resume too
         checkpoint_every = min(cfg.checkpoint_every, max(1, cfg.iterations // 2))
@@ -576,7 +578,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         for it in range(start + 1, cfg.iterations + 1):
             # ---- 1. rollout: G tasks × n episodes, one row per step ------------------------------
             t0 = time.perf_counter()
-            ro = training_rollout(cfg, make_env, model, tokenizer, it, _generator(cfg.seed, it, "rollout"))
+            ro = training_rollout(cfg, new_env, model, tokenizer, it, _generator(cfg.seed, it, "rollout"))
             rows = ro.rows
             t_rollout = time.perf_counter() - t0
 
@@ -611,7 +613,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                       "rows_per_s": len(rows) / max(t_rollout + t_adv + t_logp_ref + t_update, 1e-9)}
             if evaluating:
                 with ema.swapped_in() if ema is not None else nullcontext():  # the policy the run delivers
-                    record.update(evaluate(cfg, make_env, model, tokenizer, it))
+                    record.update(evaluate(cfg, new_env, model, tokenizer, it))
             log.write(record)
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
             if cfg.dump_batches:
