@@ -72,9 +72,8 @@ def update_flops(config: str | None, overrides: list[str], cache: str) -> dict[s
     from torch.utils.flop_counter import FlopCounterMode
 
     from oma.agent.rollout import rollout
-    from oma.train.config import load_config
-    from oma.train.loop import Batch, advantages, env_factory, episode_scores, per_token, response_mask_of, task_seeds, update
-    from oma.train.warmstart import build_policy
+    from oma.train import Batch, advantages, build_policy, episode_scores, load_config, per_token, response_mask_of, task_seeds, update
+    from oma.train import make_env as env_factory  # the factory it returns is each caller's make_env
 
     cfg = load_config(config, [*overrides, f"warm_start.cache_dir={cache}"])
     torch.set_num_threads(cfg.threads)

@@ -23,10 +23,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from oma.train.config import load_config
-from oma.train.loop import (Batch, advantages, env_factory, episode_scores, per_token, response_mask_of, training_rollout,
-                            update)
-from oma.train.warmstart import build_policy
+from oma.train import (Batch, advantages, build_policy, episode_scores, load_config, per_token, response_mask_of,
+                       training_rollout, update)
+from oma.train import make_env as env_factory  # the factory it returns is each caller's make_env
 
 
 def warm_policy(cfg, progress: Progress):

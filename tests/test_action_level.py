@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import oma.envs
+from oma.agent.imitation import demonstrations, sft
 from oma.agent.policy import (
     action_distribution,
     action_choices,
@@ -21,7 +22,7 @@ from oma.agent.policy import (
 from oma.agent.prompt import step_prompt
 from oma.cli import main as oma_main
 from oma.train.config import ConfigError, load_config
-from oma.train.warmstart import cache_key, demonstrations, sft
+from oma.train.warmstart import cache_key
 
 from test_train import TINY
 
@@ -200,7 +201,7 @@ def test_the_loop_loss_is_exact_under_any_micro_batching_and_equals_oma_core(pol
                  temperature=1.0, invalid_penalty=0.1, generator=torch.Generator().manual_seed(0), constrained=True,
                  action_level=True, show_actions=False)
     rows = ro.rows
-    assert rows.action_level and len(rows) == 12  # 4 episodes × 3 steps: a place goal takes at least 4 (go, take, go, put)
+    assert rows.kind == "action" and len(rows) == 12  # 4 episodes × 3 steps: a place goal takes at least 4 (go, take, go, put)
     mask = response_mask_of(rows)
     # scores made up so that the groups have spread: trajectory t scores t
     scores = rows.traj_index.float()

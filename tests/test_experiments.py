@@ -9,14 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+import oma.train
 from oma.cli import main as oma_main
 from oma.diagnostics import write_batch
 from oma.experiments.compare import run_config
 from oma.experiments.variants import VARIANTS
-from oma.train import loop
-from oma.train.config import load_config
-from oma.train.loop import task_seeds
-from oma.train.warmstart import cache_key
+from oma.train import cache_key, load_config, task_seeds
 
 TINY = [
     "policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=400",
@@ -110,7 +108,7 @@ def test_compare_smoke_report_and_resume(tmp_path, monkeypatch, capsys):
     def no_train(*a, **k):
         raise AssertionError("a finished run was retrained")
 
-    monkeypatch.setattr(loop, "train", no_train)
+    monkeypatch.setattr(oma.train, "train", no_train)
     assert oma_main(argv) == 0
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
     doc = json.loads((out / "compare.json").read_text())
@@ -119,13 +117,13 @@ def test_compare_smoke_report_and_resume(tmp_path, monkeypatch, capsys):
 
     # ---- a run with a checkpoint but no summary is resumed; a partial run without one restarts ---
     calls = []
-    real_train = loop.train
+    real_train = oma.train.train
 
     def counting_train(cfg, run_dir, *, resume=False, console=None):
         calls.append((run_dir.parent.name, run_dir.name, resume))
         return real_train(cfg, run_dir, resume=resume, console=console)
 
-    monkeypatch.setattr(loop, "train", counting_train)
+    monkeypatch.setattr(oma.train, "train", counting_train)
     (out / "OA+MA" / "seed-0" / "summary.json").unlink()
     partial = out / "row+native" / "seed-1"
     shutil.rmtree(partial)
@@ -152,7 +150,7 @@ def test_compare_smoke_report_and_resume(tmp_path, monkeypatch, capsys):
     def broken_train(cfg, run_dir, *, resume=False, console=None):
         raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr(loop, "train", broken_train)
+    monkeypatch.setattr(oma.train, "train", broken_train)
     (out / "OA+MA" / "seed-1" / "summary.json").unlink()
     assert oma_main(args(horizon=3)) == 1
     entry = json.loads((out / "compare.json").read_text())["runs"]["OA+MA/seed-1"]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from oma.files import atomic_write_text, read_jsonl, sha256_file
-from oma.train.loop import read_metrics
+from oma.train import read_metrics
 
 RECORDS = [{"iteration": 0, "eval_success": 0.25}, {"iteration": 1, "loss": -0.5, "note": "é"}]
 TEXT = "".join(json.dumps(r) + "\n" for r in RECORDS)

@@ -220,11 +220,11 @@ def test_tabular_defaults_start_uniform_and_lm_defaults_keep_their_warm_start():
 
 
 def test_the_imitation_warm_start_through_the_config_prefers_the_expert():
-    from oma.train.loop import env_factory
-    from oma.train.warmstart import DEMO_SEED_OFFSET, build_policy
+    from oma.agent.imitation import DEMO_SEED_OFFSET
+    from oma.train import build_policy, make_env
 
     cfg = load_config(None, ["policy.model=tabular", "env.name=chain", "warm_start.enabled=true", "warm_start.episodes=5"])
-    policy, tokenizer, info = build_policy(cfg, env_factory(cfg))
+    policy, tokenizer, info = build_policy(cfg, make_env(cfg))
     assert tokenizer is None and info["cached"] is False and policy.entries > 0
     env = oma.envs.make("chain")
     env.reset(DEMO_SEED_OFFSET)  # the first demonstration's first state: the expert was shown acting there
@@ -232,7 +232,7 @@ def test_the_imitation_warm_start_through_the_config_prefers_the_expert():
     gen = policy.act([state], [actions], temperature=0.0, generator=None)
     assert gen.texts == [env.expert_action()] and gen.logp[0][0] > math.log(1 / len(actions))
     uniform = load_config(None, ["policy.model=tabular", "env.name=chain"])
-    assert build_policy(uniform, env_factory(uniform))[0].entries == 0  # no warm start: nothing met yet
+    assert build_policy(uniform, make_env(uniform))[0].entries == 0  # no warm start: nothing met yet
 
 
 def test_an_environment_without_anchor_is_refused_with_the_reason(monkeypatch, tmp_path, capsys):

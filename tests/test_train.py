@@ -229,13 +229,14 @@ def test_metrics_are_strict_json_with_null_for_an_empty_outcome_class(monkeypatc
 
 
 def test_evaluation_reports_success_and_mean_reward_by_hand(monkeypatch):
+    from oma.agent import kinds
     from oma.agent.rollout import Episode, Rollout
     from oma.train import loop
 
     # four held-out episodes: one win (reward 1), partial credit 0.5 and 0.25, and a zero
     eps = [Episode(seed=k, group=k, steps=s, invalid=i, outcome=o, won=w)
            for k, (s, i, o, w) in enumerate([(2, 0, 1.0, True), (4, 1, 0.5, False), (6, 3, 0.0, False), (4, 0, 0.25, False)])]
-    monkeypatch.setattr(loop, "rollout", lambda *a, **k: Rollout(rows=None, episodes=eps, generated_tokens=0))
+    monkeypatch.setattr(kinds, "rollout", lambda *a, **k: Rollout(rows=None, episodes=eps, generated_tokens=0))
     got = loop.evaluate(load_config(None, ["env.eval_tasks=4"]), None, None, None, iteration=3)
     for name in ("eval", "eval_sampled"):
         assert got[f"{name}_success"] == 1 / 4
@@ -579,7 +580,8 @@ def test_reward_only_options_leave_demonstrations_and_the_warm_start_key_alone(n
     warm start would be wrong); every other option still splits the cache."""
     import typing
 
-    from oma.train.warmstart import cache_key, demonstrations
+    from oma.agent.imitation import demonstrations
+    from oma.train.warmstart import cache_key
 
     env_cls = oma.envs.env_class(name)
     assert env_cls.reward_only_options == ({"reward"} if name in ("shop", "chain") else set())
@@ -705,17 +707,17 @@ def test_choice_tokens_by_hand():
     assert got["entropy_choices"] == pytest.approx((0.6 + 1.0 + 0.5) / 3)
     assert got["entropy"] == pytest.approx(got["entropy_choices"] * got["choice_tokens"])  # forced tokens add 0
     # tabular: table slots of the admissible actions, one choice per row on all its tokens
-    rows.allowed = [torch.tensor([4]), torch.tensor([1, 2, 3])]
+    rows.allowed, rows.kind = [torch.tensor([4]), torch.tensor([1, 2, 3])], "tabular"
     assert choice_mask(rows, mask).tolist() == [[False, False, False], [True, True, False]]
     # action level: [k, w] admissible actions padded with -1
-    rows.allowed, rows.action_level = [torch.tensor([[5, 2], [6, -1]]), torch.tensor([[8, 3]])], True
+    rows.allowed, rows.kind = [torch.tensor([[5, 2], [6, -1]]), torch.tensor([[8, 3]])], "action"
     assert choice_mask(rows, mask).tolist() == [[True, True, True], [False, False, False]]
     # a batch with no choice at all reports None (JSON null), not NaN or 0
     rows.allowed = [torch.tensor([[5, 2]]), torch.tensor([[8, 3]])]
     got = learning_signal(rows, torch.tensor([1.0, 0.0]), mask, torch.zeros(2), torch.zeros(2, 3), torch.zeros(2, 3), None)
     assert got["choice_tokens"] == 0.0 and got["entropy_choices"] is None
     # unconstrained: every token is a choice among the vocabulary
-    rows.allowed, rows.action_level = None, False
+    rows.allowed, rows.kind = None, "token"
     assert torch.equal(choice_mask(rows, mask), mask)
 
 

@@ -29,8 +29,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from oma.train.loop import batch_logprobs, make_optimizer, per_token, response_mask_of, training_rollout, update
-from oma.train.warmstart import cpu_info
+from oma.train import batch_logprobs, cpu_info, make_optimizer, per_token, response_mask_of, training_rollout, update
 sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the benchmark harness it reuses
 from throughput import on_policy_batch, publish, setup
 

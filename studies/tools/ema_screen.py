@@ -38,7 +38,7 @@ from pathlib import Path
 
 from oma.experiments.plan import study_runs
 from oma.experiments.stats import Estimate, mean_ci, paired_diff
-from oma.train.loop import read_metrics
+from oma.train import read_metrics
 
 MODES = {"eval_success": "greedy", "eval_sampled_success": "sampled"}
 EMA_KEY = re.compile(r"^ema([0-9.]+)_eval_success$")

@@ -30,9 +30,8 @@ from pathlib import Path
 import torch
 
 from oma.core import token_weights
-from oma.train.config import load_config
-from oma.train.loop import advantages, env_factory, episode_scores, policy_rollout, response_mask_of
-from oma.train.warmstart import build_policy
+from oma.train import advantages, build_policy, episode_scores, load_config, policy_rollout, response_mask_of
+from oma.train import make_env as env_factory  # the factory it returns is each caller's make_env
 
 MEASURED_JOB = Path(__file__).resolve().parents[1] / "default-job" / "household-gigpo-oma-2026-12-04.yaml"
 """The job this script's and its neighbours' committed figures were measured on (the default job until

@@ -46,9 +46,7 @@ from oma.agent.policy import action_choices, allowed_positions
 from oma.agent.rollout import Rows
 from oma.core import gigpo_advantages, outcome_advantages, token_weights
 from oma.experiments.stats import mean_ci
-from oma.train.config import load_config
-from oma.train.loop import episode_scores, forward_plan, policy_rollout, response_mask_of, row_logprobs
-from oma.train.warmstart import build_policy
+from oma.train import build_policy, episode_scores, forward_plan, load_config, policy_rollout, response_mask_of, row_logprobs
 import oma.envs
 
 

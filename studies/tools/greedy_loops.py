@@ -31,10 +31,8 @@ from pathlib import Path
 import torch
 
 from oma.agent.rollout import Episode
-from oma.train.checkpoint import load_checkpoint
-from oma.train.config import load_run_config
-from oma.train.loop import env_factory, make_optimizer, policy_rollout
-from oma.train.warmstart import build_policy
+from oma.train import build_policy, load_checkpoint, load_run_config, make_optimizer, policy_rollout
+from oma.train import make_env as env_factory  # the factory it returns is each caller's make_env
 
 
 def first_repeat(episode: Episode) -> int | None:

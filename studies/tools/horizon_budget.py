@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from oma.experiments.plan import study_runs
-from oma.train.loop import evaluates, read_metrics
+from oma.train import evaluates, read_metrics
 sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the benchmark harness it reuses
 from throughput import publish
 

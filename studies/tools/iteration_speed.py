@@ -28,9 +28,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from oma.train.config import load_config
-from oma.train.loop import make_optimizer, training_rollout, update
-from oma.train.warmstart import cpu_info
+from oma.train import cpu_info, load_config, make_optimizer, training_rollout, update
 sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the benchmark harness it reuses
 from throughput import on_policy_batch, publish, warm_policy
 

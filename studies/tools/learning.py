@@ -70,7 +70,7 @@ def plot(results: dict[int, dict], path: Path, title: str) -> None:
 
 def main() -> None:
     from oma.experiments.stats import mean_ci
-    from oma.train.config import load_config
+    from oma.train import load_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", nargs="?", help="preset; without one, the default job")

@@ -46,9 +46,8 @@ from oma.agent.policy import action_choices, allowed_positions
 from oma.agent.rollout import Rows
 from oma.core import token_weights
 from oma.experiments.stats import mean_ci
-from oma.train.config import load_config, load_run_config
-from oma.train.loop import advantages, env_factory, episode_scores, response_mask_of, row_logprobs
-from oma.train.warmstart import build_policy
+from oma.train import advantages, build_policy, episode_scores, load_config, load_run_config, response_mask_of, row_logprobs
+from oma.train import make_env as env_factory  # the factory it returns is each caller's make_env
 
 SFT = "expert labels on the batch's states (SFT)"
 
@@ -195,8 +194,7 @@ def plot(results: list[dict], path: Path) -> None:
 def trajectory(group: Path) -> list[dict]:
     """For each ``seed-K`` run of ``group`` (folders of ``oma train``): the mean f on the goal-here and
     goal-elsewhere probes at the warm start and at every checkpointed iteration."""
-    from oma.train.checkpoint import load_checkpoint
-    from oma.train.loop import make_optimizer
+    from oma.train import load_checkpoint, make_optimizer
 
     out = []
     for run in sorted(group.glob("seed-*"), key=lambda p: int(p.name.split("-")[1])):

@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from oma.train.checkpoint import EMA_FILE, sha256_file, load_checkpoint
-from oma.train.config import ConfigError, config_diff, load_run_config, to_dict, validate
-from oma.train.loop import WeightAverage, env_factory, make_optimizer, trainable_policy
+from oma.files import sha256_file
+from oma.train import (EMA_FILE, ConfigError, WeightAverage, config_diff, load_checkpoint, load_run_config, make_optimizer,
+                       to_dict, trainable_policy, validate)
+from oma.train import make_env as env_factory  # the factory it returns is each caller's make_env
 
 
 def start_average(src: Path, dst: Path, iteration: int, beta: float) -> Path:

@@ -26,8 +26,7 @@ from collections import defaultdict
 
 import torch
 from oma.agent.policy import tiny_model
-from oma.train.loop import forward_plan, training_rollout, update
-from oma.train.warmstart import cpu_info
+from oma.train import cpu_info, forward_plan, training_rollout, update
 sys.path.append(str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the benchmark harness it reuses
 from speedup import matmul_peak
 from throughput import on_policy_batch, publish, setup

@@ -41,9 +41,10 @@ class Rows:
     """Constrained policies only, what each row's choice was made among (for its log-probs): the LM's
     allowed (position, token) pairs; the action-level LM's admissible actions
     (:func:`oma.agent.policy.choices_tensor`); the tabular policy's table slots of the admissible actions."""
-    action_level: bool = False
-    """The rows were sampled by the action-level LM policy (``policy.normalise=action``): their log-probs
-    are :func:`oma.agent.policy.action_response_logprobs`, over ``allowed``'s whole actions."""
+    kind: str = "token"
+    """The name of the policy kind whose rollout made the rows (:mod:`oma.agent.kinds`): what their ids and
+    ``allowed`` encode, so how they are scored. ``token`` (an LM writing token by token), ``action`` (the
+    action-level LM, ``policy.normalise=action``) or ``tabular`` (the table)."""
     logp: list[list[float]] = field(default_factory=list)
     """Each response token's log-prob under the rollout policy (temperature 1), recorded while sampling."""
     entropy: list[list[float]] = field(default_factory=list)
@@ -138,7 +139,7 @@ def rollout(
     try:
         ro = run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
                           traj_offset=traj_offset, constrained=constrained, max_steps=max_steps)
-        ro.rows.action_level = action_level
+        ro.rows.kind = "action" if action_level else "token"
         return ro
     finally:
         model.train(was_training)

@@ -176,8 +176,10 @@ def tabular_rollout(make_env: Callable[[], object], policy: TabularPolicy, task_
                          generator=generator)
         return [[policy.state_id(s)] for s in states], gen
 
-    return run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
-                        traj_offset=traj_offset, max_steps=max_steps)
+    ro = run_episodes(make_env, act, task_seeds, group_size=group_size, invalid_penalty=invalid_penalty,
+                      traj_offset=traj_offset, max_steps=max_steps)
+    ro.rows.kind = "tabular"
+    return ro
 
 
 def imitate(policy: TabularPolicy, demos: Sequence[tuple[str, str, Sequence[str]]]) -> None:

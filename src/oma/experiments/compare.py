@@ -10,7 +10,7 @@ for seeds 0..S−1 at a matched horizon H (docs/experiments.md#the-metrics) and 
 
 Within a seed every variant starts from the same cached warm start and sees the same task seeds:
 both depend on ``seed``, ``env``, ``policy`` and ``warm_start`` only, never on ``algo.*``
-(``oma.train.warmstart.cache_key``, ``oma.train.loop.task_seeds``; tests/test_experiments.py checks it).
+(``oma.train.cache_key``, ``oma.train.task_seeds``; tests/test_experiments.py checks it).
 
 Resumable: a run with ``summary.json`` covering H iterations is reused; a run directory with a
 checkpoint is resumed (``train(..., resume=True)``, which also extends a shorter finished run to H);
@@ -40,7 +40,7 @@ from oma.experiments.plan import MAY_DIFFER, CompareError, Run, machine_info, ru
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run
-from oma.train.config import config_diff
+from oma.train import config_diff
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
 
@@ -120,7 +120,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _base_record(base, horizon: int, out: Path) -> dict:
     """The config as stored in compare.json: per-run keys say where they come from."""
-    from oma.train.config import to_dict
+    from oma.train import to_dict
 
     d = to_dict(base)
     d["iterations"] = horizon
@@ -152,13 +152,12 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     from rich.console import Console
 
     from oma.files import atomic_write_text
-    from oma.train.config import load_config
-    from oma.train.loop import env_factory
+    from oma.train import load_config, make_env
 
     console = console or Console()
     t_start = time.perf_counter()
     base = load_config(args.config, args.overrides)
-    env_factory(base)  # a bad env.options fails here, once, not in every run
+    make_env(base)  # a bad env.options fails here, once, not in every run
     horizon = args.horizon if args.horizon is not None else base.iterations
     if horizon < 1:
         raise CompareError(f"--horizon must be >= 1, got {horizon} (the config's iterations)")
@@ -368,7 +367,7 @@ def _run_parallel(pending: list[Run], jobs: int, threads: int, display: _Display
 
 
 def main(argv: list[str]) -> int:
-    from oma.train.config import ConfigError
+    from oma.train import ConfigError
 
     try:
         args = parse_args(argv)

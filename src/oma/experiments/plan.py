@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from oma.experiments.variants import Variant
-from oma.train.config import config_diff
+from oma.train import config_diff
 
 MAY_DIFFER = ("iterations", "out_dir", "threads")
 """Config keys a saved run may differ in from the planned one (horizon, location, CPU threads)."""
@@ -90,7 +90,7 @@ def run_state(run: Run) -> str:
     Raises CompareError when the directory holds a run of another config (only ``iterations``,
     ``out_dir`` and ``threads`` may differ).
     """
-    from oma.train.config import to_dict
+    from oma.train import to_dict
 
     d = run.run_dir
     if not d.is_dir():
@@ -116,7 +116,7 @@ def machine_info(jobs: int, threads: int) -> dict[str, Any]:
     import torch
 
     import oma
-    from oma.train.warmstart import cpu_info
+    from oma.train import cpu_info
 
     try:
         usable = len(os.sched_getaffinity(0))

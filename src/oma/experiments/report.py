@@ -141,7 +141,7 @@ METRICS: dict[str, str] = {"greedy": "eval_success", "sampled": "eval_sampled_su
 
 def load_run(run_dir: Path, variant: str, seed: int, horizon: int, metric: str = "greedy") -> RunResult | str:
     """The run's figures at ``horizon`` on success ``metric``, or a one-line reason why it cannot be used."""
-    from oma.train.loop import read_metrics
+    from oma.train import read_metrics
 
     if not (run_dir / "summary.json").is_file():
         return "not finished (no summary.json)"

@@ -48,7 +48,7 @@ def execute_run(cfg, run_dir: str, resume: bool, threads: int | None) -> dict[st
     import torch
     from rich.console import Console
 
-    from oma.train import loop
+    from oma.train import train
 
     path = Path(run_dir)
     if threads is not None:
@@ -60,25 +60,24 @@ def execute_run(cfg, run_dir: str, resume: bool, threads: int | None) -> dict[st
     t0 = time.perf_counter()
     with _quiet_hf(), (path / "train.log").open("a", encoding="utf-8") as fh:
         console = Console(file=fh, width=120, force_terminal=False, color_system=None)
-        summary = loop.train(cfg, path, resume=resume, console=console)
+        summary = train(cfg, path, resume=resume, console=console)
     return {"wall_time_s": time.perf_counter() - t0, "iterations": int(summary["iterations"])}
 
 
 def build_warm_start(cfg, threads: int, progress=None) -> dict[str, Any]:
     """Build (or load) ``cfg``'s warm start with ``threads`` torch threads, the count its runs train with:
-    the cache key names the thread count (:func:`oma.train.warmstart.cache_key`), so the runs then find it
+    the cache key names the thread count (:func:`oma.train.cache_key`), so the runs then find it
     cached. Returns what compare.json records of it. Also the worker of ``--jobs N``."""
     import torch
 
-    from oma.train.loop import env_factory
-    from oma.train.warmstart import build_policy, cache_key
+    from oma.train import build_policy, cache_key, make_env
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         t0 = time.perf_counter()
         with _quiet_hf():
-            _, _, info = build_policy(cfg, env_factory(cfg), progress)
+            _, _, info = build_policy(cfg, make_env(cfg), progress)
         return {"cache_key": cache_key(cfg), "cache": info["cache"], "was_cached": bool(info["cached"]),
                 "wall_time_s": time.perf_counter() - t0}
     finally:

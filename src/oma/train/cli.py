@@ -8,8 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from oma.train.checkpoint import CheckpointError
-from oma.train.config import ConfigError, load_config
+from oma.train import CheckpointError, ConfigError, load_config, train
 
 CLAIM = ".oma-run"
 """Created with O_EXCL in a run folder by the trainer that claims it (docs/training.md#run-directory)."""
@@ -61,8 +60,6 @@ def main(argv: list[str]) -> int:
         cfg = load_config(config, overrides)
         run_dir = _resume_dir(Path(cfg.out_dir)) if args.resume else claim_run_dir(Path(cfg.out_dir))
         cfg.out_dir = str(run_dir)
-        from oma.train.loop import train
-
         train(cfg, run_dir, resume=args.resume)
     except KeyboardInterrupt:
         print(f"oma train: interrupted; rerun with --resume (out_dir={run_dir}) to continue from its latest checkpoint",

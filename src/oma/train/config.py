@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from oma.agent.kinds import policy_kind
 from oma.core import ACCOUNTINGS, MASSES, OBJECTIVES, REDUCERS, Accounting, Estimator, Mass, Objective, Reducer
+from oma.errors import ConfigError
 
 TrainEstimator = Literal[Estimator, "gigpo"]
 """``oma.core.Estimator`` plus GiGPO (:func:`oma.core.gigpo_advantages`)."""
@@ -26,10 +28,6 @@ if TYPE_CHECKING:  # type checkers see oma.core's Literals
     _Estimator, _Accounting, _Objective, _Reducer, _Mass = TrainEstimator, Accounting, Objective, Reducer, Mass
 else:  # OmegaConf's structured configs (2.3) take no Literal: it sees str; values are checked in validate()
     _Estimator = _Accounting = _Objective = _Reducer = _Mass = str
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with the offending key in the message."""
 
 
 DEFAULT_JOB_ENV_OPTIONS: dict[str, Any] = {"size": "small", "goals": ["place"], "distractors": "few", "notes": True, "hint": True,
@@ -171,7 +169,6 @@ class AlgoConfig:
 
 OPTIMIZERS = ("adamw", "sgd", "normalized-sgd")
 SCORES = ("return", "discounted")
-NORMALISATIONS = ("token", "action")
 
 
 @dataclass
@@ -298,7 +295,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.env.group_size < 2:
         raise ConfigError(f"env.group_size must be >= 2, got {cfg.env.group_size}: a group-relative advantage of one "
                           "episode is 0, so nothing would be learnt")
-    _check("policy.normalise", cfg.policy.normalise, NORMALISATIONS)
+    policy_kind(cfg)  # refuses a policy.normalise that names no kind
     if cfg.policy.normalise == "action" and not cfg.policy.constrained:
         raise ConfigError("policy.normalise=action needs policy.constrained=true: it scores the admissible actions")
     if cfg.policy.model == "tabular":

@@ -28,9 +28,9 @@ from torch import Tensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 import oma.envs
-from oma.agent.policy import action_response_logprobs, allowed_rows, response_logprobs, unique_index
-from oma.agent.rollout import Rollout, Rows, rollout
-from oma.agent.tabular import TabularPolicy, tabular_rollout
+from oma.agent.kinds import policy_kind, rows_kind
+from oma.agent.policy import unique_index
+from oma.agent.rollout import Rollout, Rows
 from oma.core import (
     clipped_tokens,
     discounted_returns,
@@ -65,7 +65,9 @@ def task_seeds(cfg: TrainConfig, iteration: int) -> list[int]:
     return [(first + k) % cfg.env.eval_seed_offset for k in range(g)]
 
 
-def env_factory(cfg: TrainConfig) -> Callable[[], object]:
+def make_env(cfg: TrainConfig) -> Callable[[], object]:
+    """A factory of fresh environments of ``cfg`` (``env.name`` with ``env.options``); the options are
+    checked once, here (ConfigError naming ``env.options``)."""
     try:
         oma.envs.make(cfg.env.name, **cfg.env.options)
     except (TypeError, ValueError) as e:
@@ -148,32 +150,18 @@ def batch_logprobs(model, rows: Rows, pad_id: int, micro_rows: int, width: int, 
 
 
 def row_logprobs(model, rows: Rows, idx: Tensor, pad_id: int, *, temperature: float, with_entropy: bool = False):
-    """``(logp, response_mask, entropy)`` of rows ``idx`` under the policy, an LM or the table, at the
-    rollout temperature (the distribution the rows were sampled from, verl's convention)."""
-    allowed = [rows.allowed[i] for i in idx] if rows.allowed is not None else None
-    if isinstance(model, TabularPolicy):
-        return model.response_logprobs([rows.response_ids[i] for i in idx], allowed, with_entropy=with_entropy,
-                                       temperature=temperature)
-    prompts, responses = [rows.prompt_ids[i] for i in idx], [rows.response_ids[i] for i in idx]
-    if rows.action_level:
-        return action_response_logprobs(model, prompts, responses, allowed, pad_id, with_entropy=with_entropy,
-                                        temperature=temperature)
-    return response_logprobs(model, prompts, responses, pad_id, with_entropy=with_entropy, allowed=allowed,
-                             temperature=temperature)
+    """``(logp, response_mask, entropy)`` of rows ``idx`` under the policy, as the kind that made them samples
+    (:meth:`oma.agent.kinds.PolicyKind.logprobs`) at the rollout temperature: the distribution the rows were
+    sampled from, verl's convention."""
+    return rows_kind(rows).logprobs(model, rows, idx, pad_id, temperature=temperature, with_entropy=with_entropy)
 
 
 def policy_rollout(cfg: TrainConfig, make_env, model, tokenizer, seeds: list[int], *, group_size: int,
                    temperature: float, generator: torch.Generator | None, max_steps: int | None = None) -> Rollout:
-    """G = len(seeds) tasks × ``group_size`` episodes with the policy, an LM or the table, each ended
-    after ``max_steps`` steps if the environment has not ended it (``None``: the environment's cap)."""
-    if isinstance(model, TabularPolicy):
-        return tabular_rollout(make_env, model, seeds, group_size=group_size, temperature=temperature,
-                               invalid_penalty=cfg.env.invalid_penalty, generator=generator, max_steps=max_steps)
-    return rollout(make_env, model, tokenizer, seeds, group_size=group_size, history_length=cfg.env.history_length,
-                   max_prompt_tokens=cfg.policy.max_prompt_tokens, max_new_tokens=cfg.policy.max_new_tokens,
-                   temperature=temperature, invalid_penalty=cfg.env.invalid_penalty, generator=generator,
-                   constrained=cfg.policy.constrained, action_level=cfg.policy.normalise == "action",
-                   show_actions=cfg.env.show_actions, max_steps=max_steps)
+    """G = len(seeds) tasks × ``group_size`` episodes with the policy of ``cfg``'s kind, each ended after
+    ``max_steps`` steps if the environment has not ended it (``None``: the environment's cap)."""
+    return policy_kind(cfg).rollout(cfg, make_env, model, tokenizer, seeds, group_size=group_size,
+                                    temperature=temperature, generator=generator, max_steps=max_steps)
 
 
 def training_rollout(cfg: TrainConfig, make_env, model, tokenizer, iteration: int,
@@ -409,27 +397,10 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
 
 
 def choice_mask(rows: Rows, mask: Tensor) -> Tensor:
-    """bool [R, L]: the response tokens drawn among two or more options, within ``mask``.
-
-    Unconstrained, every token is drawn from the whole vocabulary. Under token-level constrained
-    decoding a token is a choice where ``rows.allowed`` lists two or more tokens at its position; the
-    rest are forced (one admissible action left, probability 1, entropy and gradient 0). The
-    action-level and tabular policies record one choice per row on every token of it, so a row's
-    tokens are choices when it had two or more admissible actions.
-    """
-    if rows.allowed is None:
-        return mask.clone()
-    if not rows.allowed:  # an empty batch
-        return torch.zeros_like(mask)
-    if rows.action_level or rows.allowed[0].dim() == 1:  # [k, w] admissible actions, or [k] table slots
-        return mask & (torch.tensor([len(a) for a in rows.allowed]) > 1).unsqueeze(-1)
-    # [n, 2] (position, token) pairs: count the options at each (row, position), all rows in one bincount
-    width = mask.shape[1]
-    row = allowed_rows(rows.allowed)
-    position = torch.cat([a[:, 0] for a in rows.allowed])
-    inside = position < width
-    counts = torch.bincount(row[inside] * width + position[inside], minlength=len(rows.allowed) * width)
-    return mask & (counts.view(len(rows.allowed), width) > 1)
+    """bool [R, L]: the response tokens drawn among two or more options, within ``mask``, as the kind that
+    made the rows records its choices (:meth:`oma.agent.kinds.PolicyKind.choice_mask`). The rest are
+    forced: probability 1, entropy and gradient 0."""
+    return rows_kind(rows).choice_mask(rows, mask)
 
 
 def learning_signal(rows: Rows, scores: Tensor, mask: Tensor, adv: Tensor, logp_old: Tensor, entropy: Tensor,
@@ -571,7 +542,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
     torch.set_num_threads(cfg.threads)
 
     # ---- 0. setup: env, run directory, policy (warm start), optimizer, resume ------------------
-    make_env = env_factory(cfg)
+    new_env = make_env(cfg)  # new_env() is a fresh environment
     if resume:
         _check_resume_config(run_dir, cfg)
         clean_debris(run_dir)
@@ -581,12 +552,12 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, transient=False)
     with progress:
-        model, tokenizer, ws_info = trainable_policy(cfg, make_env, progress)
+        model, tokenizer, ws_info = trainable_policy(cfg, new_env, progress)
         # A frozen copy of the warm start: the KL penalty's reference, and the `kl_warm_start` diagnostic.
         ref_model = copy.deepcopy(model).eval() if cfg.algo.kl_coef > 0 or cfg.log_kl_warm_start else None
         optimizer = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
         ema = WeightAverage(model, cfg.optim.ema) if cfg.optim.ema else None
-        pad_id = tokenizer.pad_token_id if tokenizer is not None else 0  # the tabular policy has no tokenizer
+        pad_id = policy_kind(cfg).pad_id(tokenizer)
         start = 0
         before = 0.0  # the run's seconds up to where this invocation starts: its checkpoint's record, when resuming
         if resume:
@@ -599,7 +570,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         else:
             keep_through(log.path, -1)
             (run_dir / "samples.jsonl").unlink(missing_ok=True)
-            log.write({"iteration": 0, **evaluate(cfg, make_env, model, tokenizer, 0), "warm_start": ws_info})
+            log.write({"iteration": 0, **evaluate(cfg, new_env, model, tokenizer, 0), "warm_start": ws_info})
 
         # at least twice per run, so a short run killed halfway can resume too
         checkpoint_every = min(cfg.checkpoint_every, max(1, cfg.iterations // 2))
@@ -607,7 +578,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
         for it in range(start + 1, cfg.iterations + 1):
             # ---- 1. rollout: G tasks × n episodes, one row per step ------------------------------
             t0 = time.perf_counter()
-            ro = training_rollout(cfg, make_env, model, tokenizer, it, _generator(cfg.seed, it, "rollout"))
+            ro = training_rollout(cfg, new_env, model, tokenizer, it, _generator(cfg.seed, it, "rollout"))
             rows = ro.rows
             t_rollout = time.perf_counter() - t0
 
@@ -642,7 +613,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                       "rows_per_s": len(rows) / max(t_rollout + t_adv + t_logp_ref + t_update, 1e-9)}
             if evaluating:
                 with ema.swapped_in() if ema is not None else nullcontext():  # the policy the run delivers
-                    record.update(evaluate(cfg, make_env, model, tokenizer, it))
+                    record.update(evaluate(cfg, new_env, model, tokenizer, it))
             log.write(record)
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
             if cfg.dump_batches:
