@@ -92,12 +92,14 @@ def test_links_in_code_are_left_alone(tmp_path):
 def test_studies_nav_lists_each_study_readme(tmp_path):
     root, _ = tree(tmp_path)
     (root / "studies/README.md").write_text("")
-    (root / "studies/a").mkdir()
-    (root / "studies/a/README.md").write_text("")
+    (root / "studies/lm-accounting").mkdir()
+    (root / "studies/lm-accounting/README.md").write_text("# A long question?")
     config = SimpleNamespace(config_file_path=str(root / "mkdocs.yml"),
-                             nav=[{"Home": "index.md"}, {"Studies": ["studies/README.md"]}])
+                             nav=[{"Home": "index.md"}, {"Studies": [{"Index": "studies/README.md"}]}])
     links.on_config(config)
-    assert config.nav[1] == {"Studies": ["studies/README.md", "studies/a/README.md", "studies/s/README.md"]}
+    # each study under its folder's name, sorted
+    assert config.nav[1] == {"Studies": [{"Index": "studies/README.md"}, {"Lm accounting": "studies/lm-accounting/README.md"},
+                                         {"S": "studies/s/README.md"}]}
 
 
 def test_sphinx_roles_become_optional_cross_references():

@@ -40,7 +40,9 @@ def included(root: Path) -> list[Path]:
 
 def on_config(config):
     root = root_of(config)
-    readmes = sorted(p.relative_to(root).as_posix() for p in root.glob("studies/*/README.md"))
+    # Each study under its folder's name: the README's title is its whole question, too long for the nav.
+    readmes = [{p.parent.name.replace("-", " ").capitalize(): p.relative_to(root).as_posix()}
+               for p in sorted(root.glob("studies/*/README.md"))]
     for item in config.nav or []:
         if isinstance(item, dict) and STUDIES_SECTION in item:
             item[STUDIES_SECTION] += readmes

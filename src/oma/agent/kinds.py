@@ -3,7 +3,7 @@
 * :class:`TokenLM` — an LM that writes its action a token at a time, free text or under constrained
   decoding (``policy.constrained``; ``policy.normalise=token``, the default).
 * :class:`ActionLM` — the action-level LM (``policy.normalise=action``, GLAM): a softmax over the
-  admissible actions of the LM's whole-string log-likelihood (docs/training.md#an-action-level-policy-glam).
+  admissible actions of the LM's whole-string log-likelihood (studies/action-level-policy/journal.md#an-action-level-policy-glam).
 * :class:`Table` — a softmax table over (``env.anchor()`` state, admissible action) logits
   (``policy.model=tabular``, docs/experiments.md#the-tabular-lane).
 
