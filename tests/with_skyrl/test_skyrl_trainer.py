@@ -352,12 +352,13 @@ def test_step_wise_off_is_refused_before_the_trainer_exists():
         make_trainer(OMARayPPOTrainer, cfg)
 
 
-def test_missing_is_last_step_is_refused_by_key():
-    trainer = make_trainer(OMARayPPOTrainer, make_cfg({"mass": "uniform"}))
+def test_missing_is_last_step_is_refused_by_key_before_anything_is_written(tmp_path):
+    trainer = make_trainer(OMARayPPOTrainer, make_cfg({"mass": "uniform", "dump_dir": str(tmp_path)}))
     data = make_batch()
     del data.metadata["is_last_step"]
     with pytest.raises(ValueError, match=r"metadata\['is_last_step'\] is missing"):
         trainer.compute_advantages_and_returns(data)
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_entry_point_picks_oma_trainers():
