@@ -10,7 +10,7 @@ Times the two trainer methods oma overrides, ``compute_advantages_and_returns`` 
 ``RayPPOTrainer`` (GRPO, token_mean) and oma's ``OMARayPPOTrainer`` (uniform mass, trajectory and row
 accounting). Variants alternate within each repeat so they share the machine's load; the table
 gives the median of the repeats and the ratio to SkyRL's in the same run, and the time of oma's own
-functions alone (trajectory structure, row-accounted advantages, weights), which is what oma adds.
+functions alone (the batch read into a host step, row-accounted advantages, weights), which is what oma adds.
 """
 
 from __future__ import annotations
@@ -30,16 +30,19 @@ from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch
 from skyrl.train.dataset.preprocess import compute_prompt_mini_batch_boundaries
 from skyrl.train.trainer import RayPPOTrainer
 
-from oma.integrations.skyrl.batch import OMAConfig, mass_weights, row_accounted_advantages, stepwise_structure
+from dataclasses import replace
+
+from oma import hosts
+from oma.integrations.skyrl.batch import changes_skyrl, host_options, host_step, minibatches
 from oma.integrations.skyrl.trainer import OMARayPPOTrainer, OMASkyRLTrainConfig
 
 L = 32
 GROUP = 8
 MINI_BATCHES = 8
 VARIANTS = {
-    "SkyRL (RayPPOTrainer: trajectory advantages, token_mean per mini-batch)": (RayPPOTrainer, OMAConfig(mass="native")),
-    "oma: trajectory accounting + uniform mass": (OMARayPPOTrainer, OMAConfig(mass="uniform")),
-    "oma: row accounting + uniform mass": (OMARayPPOTrainer, OMAConfig(accounting="row", mass="uniform")),
+    "SkyRL (RayPPOTrainer: trajectory advantages, token_mean per mini-batch)": (RayPPOTrainer, {"mass": "native"}),
+    "oma: trajectory accounting + uniform mass": (OMARayPPOTrainer, {"mass": "uniform"}),
+    "oma: row accounting + uniform mass": (OMARayPPOTrainer, {"accounting": "row", "mass": "uniform"}),
 }
 
 
@@ -67,7 +70,7 @@ def make_batch(rows: int, seed: int = 0) -> tuple[TrainingInputBatch, int]:
     return data, prompt
 
 
-def make_trainer(cls, oma: OMAConfig, prompts: int):
+def make_trainer(cls, oma: dict, prompts: int):
     cfg = OMASkyRLTrainConfig()
     cfg.generator.step_wise_trajectories = True
     cfg.generator.n_samples_per_prompt = GROUP
@@ -93,14 +96,15 @@ def time_once(trainer, data: TrainingInputBatch, boundaries) -> float:
     return time.perf_counter() - t0
 
 
-def time_oma_part(oma: OMAConfig, data: TrainingInputBatch, boundaries) -> float:
-    """oma's own functions alone (what the trainer adds to SkyRL's work): structure, row advantages, weights."""
+def time_oma_part(trainer, data: TrainingInputBatch, boundaries) -> float:
+    """oma's own part alone (what the trainer adds to SkyRL's work): the batch read into a host step, row
+    advantages, weights."""
+    options = host_options(trainer.cfg.trainer.algorithm)
     t0 = time.perf_counter()
-    structure = stepwise_structure(data.metadata["uids"], data.metadata["is_last_step"])
-    if oma.accounting == "row":
-        row_accounted_advantages(data["rewards"], data["response_mask"], structure, estimator="grpo", norm_by_std=True)
-    mass_weights(data["loss_mask"], structure, mass=oma.mass, loss_reduction="token_mean", max_seq_len=None,
-                 n_minibatches=len(boundaries))
+    step = host_step(data.metadata["uids"], data.metadata["is_last_step"], data["rewards"], data["loss_mask"])
+    if options.accounting == "row":
+        hosts.advantages(step, options)
+    hosts.weights(replace(step, minibatches=minibatches(boundaries, step.rows)), options)
     return time.perf_counter() - t0
 
 
@@ -125,9 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, trainer in trainers.items():
                     results.setdefault((rows, name), []).append(time_once(trainer, copy.deepcopy(data), boundaries))
                     progress.advance(task)
-                    oma = VARIANTS[name][1]
-                    if oma.active:
-                        results.setdefault((rows, name, "part"), []).append(time_oma_part(oma, data, boundaries))
+                    if changes_skyrl(host_options(trainer.cfg.trainer.algorithm)):
+                        results.setdefault((rows, name, "part"), []).append(time_oma_part(trainer, data, boundaries))
                         progress.advance(task)
     lines = [
         "# oma inside SkyRL: advantages + weights vs SkyRL's step-wise advantages + normalisation", "",

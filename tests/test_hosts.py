@@ -204,3 +204,53 @@ def test_the_dump_is_what_oma_audit_reads(tmp_path):
     report = audit(b.scores, b.group_index, b.traj_index, response_tokens=b.response_tokens, step_index=b.step_index)
     assert (report.trajectories, report.groups) == (4, 2)
     assert report.expansion_ratio_fail_over_success == pytest.approx(2.0)
+
+
+def test_won_decides_success_where_the_host_knows_it(tmp_path):
+    # trajectory 1 scores 0.5 (> 0, a success by the outcome rule) but lost; trajectory 3 scores 0 but won
+    scores = torch.tensor([1.0, 1, 0.5, 0.5, 0.5, 0.5, 1, 0, 0])
+    won = torch.tensor([True, True, False, False, False, False, True, True, True])
+    o = hosts.HostOptions(dump_dir=str(tmp_path))
+    by_outcome = hosts.align(_step(scores=scores), o, iteration=1).metrics
+    by_won = hosts.align(_step(scores=scores, won=won), o, iteration=2).metrics
+    assert by_outcome["oma/failure_mass_share"] == pytest.approx(0.25)  # trajectory 3 alone fails
+    assert by_won["oma/failure_mass_share"] == pytest.approx(0.25)  # trajectory 1 alone fails
+    assert by_outcome["oma/expansion_ratio"] == pytest.approx(2 / ((2 + 4 + 1) / 3))
+    assert by_won["oma/expansion_ratio"] == pytest.approx(4 / ((2 + 1 + 2) / 3))
+    b = read_batch(tmp_path / "batches" / "iter_000002.parquet")
+    assert b.won.tolist() == won.tolist() and read_batch(tmp_path / "batches" / "iter_000001.parquet").won is None
+
+
+def test_select_keeps_every_row_field_and_drops_the_layout():
+    step = _step(won=torch.zeros(9, dtype=torch.bool), copies=torch.zeros(9, dtype=torch.bool),
+                 minibatches=[torch.arange(5), torch.arange(5, 9)])
+    idx = torch.tensor([8, 2, 3])
+    sub = step.select(idx)
+    assert sub.rows == 3 and sub.minibatches is None and sub.anchor is None
+    for name in ("group_index", "traj_index", "scores", "step_index", "won", "copies"):
+        assert torch.equal(getattr(sub, name), getattr(step, name)[idx])
+    assert torch.equal(sub.response_mask, step.response_mask[idx])
+
+
+def test_keys_a_host_sets_itself_are_refused_saying_what_to_use():
+    refused = {"estimator": "is set by x.adv_estimator: set that instead", "audit_dir": "was renamed x.oma.dump_dir"}
+    with pytest.raises(hosts.HostConfigError, match=r"^x\.oma\.estimator is set by x\.adv_estimator: set that instead$"):
+        hosts.HostOptions.from_mapping({"estimator": "rloo"}, prefix="x.oma", refused=refused)
+    with pytest.raises(hosts.HostConfigError, match=r"^x\.oma\.audit_dir was renamed x\.oma\.dump_dir$"):
+        hosts.HostOptions.from_mapping({"audit_dir": "/tmp"}, prefix="x.oma", refused=refused)
+    with pytest.raises(hosts.HostConfigError) as e:
+        hosts.HostOptions.from_mapping({"masss": "group"}, prefix="x.oma", refused=refused)
+    assert "'estimator'" not in str(e.value) and "'mass'" in str(e.value)  # the known keys are the host's
+    assert hosts.HostOptions.from_mapping({}, prefix="x.oma", refused=refused, estimator="rloo").estimator == "rloo"
+
+
+def test_a_framework_version_outside_the_tested_series_is_refused_in_one_line(monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"fw": "1.3.2"}[name])
+    hosts.require_version("fw", "1.3", "1.3.0")
+    for supported in ("1.4", "1.3.2.1", "2", "1.30"):
+        with pytest.raises(hosts.HostConfigError) as e:
+            hosts.require_version("fw", supported, f"{supported}.0")
+        assert str(e.value) == (f"oma's fw integration supports fw {supported}.x (tested on {supported}.0); "
+                                f"the installed fw is 1.3.2: pip install 'fw=={supported}.0'")

@@ -163,10 +163,36 @@ def test_smoke_names_the_missing_extra(monkeypatch, capsys):
     assert "transfer_queue" in err and "pip install 'oma-rl[verl]'" in err
 
 
+def test_smoke_refuses_dump_dir_without_omas_trainer(capsys):
+    assert oma_main(["verl-smoke", "--trainer", "verl", "--dump-dir", "x"]) == 2
+    assert "--dump-dir writes what oma's trainer trains" in capsys.readouterr().err
+
+
+def test_smoke_refuses_another_verl(monkeypatch, capsys):
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.0" if name == "verl" else real(name))
+    assert oma_main(["verl-smoke"]) == 2
+    err = capsys.readouterr().err
+    assert "supports verl 0.9.x (tested on 0.9.1); the installed verl is 0.10.0" in err and len(err.splitlines()) == 1
+
+
+def test_smoke_passes_dump_dir_to_omas_trainer(tmp_path):
+    from oma.integrations.verl.smoke import overrides
+
+    lines = overrides(tmp_path, 2, 1, "trajectory", "uniform", "oma_grpo", dump_dir=str(tmp_path / "dump"))
+    assert f"+algorithm.oma.dump_dir='{tmp_path / 'dump'}'" in lines
+    assert not any("algorithm.oma.dump_dir" in line for line in overrides(tmp_path, 2, 1, "trajectory", "uniform", "oma_grpo"))
+
+
 @pytest.mark.parametrize("dp", [1, 2])
 def test_real_verl_steps_on_cpu(dp, tmp_path, capsys):
-    """Two real verl steps with oma_sync: OA + uniform MA over several mini-batches, weights synced."""
-    status = oma_main(["verl-smoke", "--steps", "2", "--dp", str(dp), "--out", str(tmp_path), "--timeout", "800"])
+    """Two real verl steps with oma_sync: OA + uniform MA over several mini-batches, weights synced; the
+    batches it trained on, dumped (algorithm.oma.dump_dir), are what `oma audit --all` reads."""
+    dump = tmp_path / "dump"
+    status = oma_main(["verl-smoke", "--steps", "2", "--dp", str(dp), "--out", str(tmp_path / "work"), "--timeout", "800",
+                       "--dump-dir", str(dump)])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert status == 0, result
     assert result["steps"] == 2 and result["oma_active"] and result["finite"] and result["dp"] == dp
@@ -174,3 +200,10 @@ def test_real_verl_steps_on_cpu(dp, tmp_path, capsys):
     assert result["effective_trajectories"] == pytest.approx(result["trajectories"])  # every trajectory 1/T
     assert result["staleness"] == 0.0  # the rollout generated with the latest weights
     assert math.isfinite(result["pg_loss"]) and result["grad_norm"] > 0
+
+    report = tmp_path / "audit.json"
+    assert oma_main(["audit", str(dump), "--all", "--quiet", "--json", str(report)]) == 0
+    iterations = json.loads(report.read_text())["iterations"]
+    assert [it["iteration"] for it in iterations] == [1, 2]  # verl's global steps
+    audited = sum(it["trajectories"] for it in iterations) / len(iterations)
+    assert audited == pytest.approx(result["trajectories"])  # the smoke's oma/trajectories, a mean over its steps

@@ -1,5 +1,5 @@
 """oma's side of the verl integration, with no verl needed: session keys, the trainer's batch
-computation, the config checks and the estimators' options (the verl-free tests of
+computation, the config checks, the estimators' options and the refusals (the verl-free tests of
 the integration; the ones against verl itself are in the other test_verl_* modules)."""
 
 from __future__ import annotations
@@ -8,30 +8,37 @@ import numpy as np
 import pytest
 import torch
 
-from oma import core
+from oma import core, hosts
+from oma.diagnostics import read_batch
+from oma.hosts import HostConfigError
 from oma.integrations.verl.batch import (
     UnsupportedConfigError,
     check_trainer_config,
     compute_oma_batch,
-    parse_session_keys,
+    host_step,
 )
 from oma.integrations.verl.estimators import ESTIMATOR_FUNCTIONS
-from oma.integrations.verl.options import OMAOptions
+from oma.integrations.verl.options import host_options
 
 from test_verl_support import random_rows, session_batch, trainer_config
 
 
-def test_parse_session_keys():
-    ids = parse_session_keys(["a_b_0", "a_b_1", "my_uid_1_0", "a_c_0", "my_uid_0_3"])
-    assert ids.uids == ["a", "a", "my_uid", "a", "my_uid"]
-    assert ids.sessions == ["a_b", "a_b", "my_uid_1", "a_c", "my_uid_0"]
-    assert ids.group_index.tolist() == [0, 0, 1, 0, 1]
-    assert ids.traj_index.tolist() == [0, 0, 1, 2, 3]
-    assert ids.step_index.tolist() == [0, 1, 0, 0, 3]
+def _keys_step(keys, **kw):
+    rows = len(keys)
+    return host_step(keys, torch.zeros(rows, 2), torch.ones(rows, 2, dtype=torch.bool), **kw)
+
+
+def test_session_keys_are_the_steps_ids():
+    # groups a, a, my_uid, a, my_uid; trajectories a_b, a_b, my_uid_1, a_c, my_uid_0 (split from the right)
+    step = _keys_step(["a_b_0", "a_b_1", "my_uid_1_0", "a_c_0", "my_uid_0_3"], padding=[False, False, False, True, False])
+    assert step.group_index.tolist() == [0, 0, 1, 0, 1]
+    assert step.traj_index.tolist() == [0, 0, 1, 2, 3]
+    assert step.step_index.tolist() == [0, 1, 0, 0, 3]
+    assert step.copies.tolist() == [False, False, False, True, False]  # verl's is_padding tag
     with pytest.raises(ValueError, match="uid"):
-        parse_session_keys(["nounderscore"])
+        _keys_step(["nounderscore"])
     with pytest.raises(ValueError, match="duplicated"):
-        parse_session_keys(["a_0_1", "a_0_1"])
+        _keys_step(["a_0_1", "a_0_1"])
 
 
 def test_worked_example_gives_oma_core_values():
@@ -59,8 +66,8 @@ def test_native_weights_per_minibatch_aligned_weights_over_the_step():
     cfg.oma.reducer = "seq-mean-token-mean"
     cfg.oma.mass = "native"
     out = compute_oma_batch(rewards, mask, keys, cfg, dp_size=2, mini_batch_rows=8)
-    assert len(out.minibatches) == 2
-    for idx in out.minibatches:
+    assert len(out.step.layout) == 2
+    for idx in out.step.layout:
         torch.testing.assert_close(out.weights[idx], core.token_weights(mask[idx], g[idx], t[idx], reducer="seq-mean-token-mean", mass="native"))
         assert float(out.weights[idx].sum()) == pytest.approx(1.0)  # verl's normaliser: total 1 per optimizer step
     cfg.oma.mass = "group"
@@ -120,16 +127,35 @@ def test_refuses_mass_alignment_outside_oma_trainer():
 
 
 def test_options_defaults_and_validation():
-    opts = OMAOptions.from_algorithm_config(None)
+    opts = host_options(None)
     assert (opts.accounting, opts.mass, opts.reducer, opts.norm_by_std, opts.gamma, opts.step_advantage_w) == (
         "trajectory", "uniform", "token-mean", True, 0.95, 1.0,
     )
-    assert OMAOptions.from_algorithm_config({"norm_adv_by_std_in_grpo": False}).norm_by_std is False
-    assert OMAOptions.from_algorithm_config({"norm_adv_by_std_in_grpo": False, "oma": {"norm_by_std": True}}).norm_by_std
-    with pytest.raises(ValueError, match="unknown key"):
-        OMAOptions.from_algorithm_config({"oma": {"acounting": "row"}})
-    with pytest.raises(ValueError, match="accounting"):
-        OMAOptions.from_algorithm_config({"oma": {"accounting": "rows"}})
+    assert opts.prefix == "algorithm.oma" and opts.dump_dir is None and opts.estimator == "grpo"
+    assert host_options({"adv_estimator": "oma_rloo"}).estimator == "rloo"
+    assert host_options({"adv_estimator": "oma_rloo"}, estimator="oma_gigpo").estimator == "gigpo"
+    assert host_options({"norm_adv_by_std_in_grpo": False}).norm_by_std is False
+    assert host_options({"norm_adv_by_std_in_grpo": False, "oma": {"norm_by_std": True}}).norm_by_std
+    assert host_options({"oma": {}}, loss_scale_factor=8).loss_scale_factor == 8.0
+    assert host_options({"oma": {"loss_scale_factor": 4}}, loss_scale_factor=8).loss_scale_factor == 4
+
+
+@pytest.mark.parametrize(("node", "message"), [
+    ({"acounting": "row"}, "algorithm.oma.acounting is not an option; known: ['accounting', 'mass', 'reducer', "),
+    ({"accounting": "rows"}, "algorithm.oma.accounting must be one of ['row', 'trajectory'], got 'rows'"),
+    ({"mass": "tokens"}, "algorithm.oma.mass must be one of ['native', 'uniform', 'group'], got 'tokens'"),
+    ({"estimator": "rloo"}, "algorithm.oma.estimator is not an option: algorithm.adv_estimator names it (oma_grpo, "),
+    ({"outcome": "last"}, "algorithm.oma.outcome must be one of ['mean', 'final'], got 'last'"),
+    ({"dump_dir": None, "gamma": 2}, "algorithm.oma.gamma must be a finite number in [0, 1], got 2"),
+])
+def test_a_bad_option_is_refused_in_one_line_naming_the_key(node, message):
+    with pytest.raises(HostConfigError) as e:
+        host_options({"oma": node})
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    with pytest.raises(HostConfigError, match="algorithm.oma"):  # at the trainer's start-up, before anything
+        cfg = trainer_config()
+        cfg.algorithm.oma = node
+        check_trainer_config(cfg)
 
 
 def test_check_trainer_config_refuses_a_critic():
@@ -144,8 +170,6 @@ def test_check_trainer_config_refuses_a_critic():
 def test_outcome_final_is_verls_final_row_rule():
     """Trajectory a: rows scored 0, 0, 1 (a reward model scoring every row); b: 0, 0; c: 1; d: 0.5, 0.
     mean: R = 1/3, 0, 1, 0.25. final: R = 1, 0, 1, 0 (the last row's score, broadcast)."""
-    from oma.integrations.verl.estimators import final_row_scores
-
     rewards = torch.zeros(8, 3)
     rewards[:, -1] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.5, 0.0])
     mask = torch.ones(8, 3)
@@ -155,8 +179,13 @@ def test_outcome_final_is_verls_final_row_rule():
     g = torch.zeros(8, dtype=torch.int64)
     t = torch.tensor([0, 0, 0, 1, 1, 2, 3, 3])
     scores = rewards.sum(-1).double()
-    assert final_row_scores(scores, t, step).tolist() == [1, 1, 1, 0, 0, 1, 0, 0]
-    assert final_row_scores(scores, t, torch.tensor([2, 1, 0, 0, 1, 0, 1, 0])).tolist() == [0, 0, 0, 0, 0, 1, 0.5, 0.5]
+
+    def final_row_scores(step_index):
+        step = hosts.HostStep(group_index=g, traj_index=t, scores=scores, response_mask=mask.bool(), step_index=step_index)
+        return hosts.outcome_scores(step, host_options({"oma": {"outcome": "final"}}))
+
+    assert final_row_scores(step).tolist() == [1, 1, 1, 0, 0, 1, 0, 0]
+    assert final_row_scores(torch.tensor([2, 1, 0, 0, 1, 0, 1, 0])).tolist() == [0, 0, 0, 0, 0, 1, 0.5, 0.5]
     for outcome, r in (("mean", [1 / 3, 0, 1, 0.25]), ("final", [1, 0, 1, 0])):
         cfg = {"oma": {"mass": "native", "outcome": outcome}}
         adv, _ = ESTIMATOR_FUNCTIONS["oma_grpo"](rewards, mask, uid, cfg, traj_index=traj, step_index=step)
@@ -166,4 +195,41 @@ def test_outcome_final_is_verls_final_row_rule():
                                                   traj_index=traj)  # no step_index: the row order
     torch.testing.assert_close(adv_rows, adv)
     with pytest.raises(ValueError, match="algorithm.oma.outcome"):
-        OMAOptions.from_algorithm_config({"oma": {"outcome": "last"}})
+        ESTIMATOR_FUNCTIONS["oma_grpo"](rewards, mask, uid, {"oma": {"mass": "native", "outcome": "last"}}, traj_index=traj)
+
+
+def _padded(keys, rewards, mask, pads=2):
+    """verl's synthetic padding rows appended: keys pad<hex>_{i}_0, an empty response, tag is_padding."""
+    keys = keys + [f"padfeed_{i}_0" for i in range(pads)]
+    rewards = torch.cat([rewards, torch.zeros(pads, rewards.shape[1])])
+    mask = torch.cat([mask, torch.zeros(pads, mask.shape[1], dtype=torch.bool)])
+    return keys, rewards, mask, [k.startswith("pad") for k in keys]
+
+
+def test_dump_dir_writes_what_the_trainer_trains_without_verls_padding_rows(tmp_path):
+    keys, rewards, mask, g, t, s = session_batch([[2, 3], [1, 2]], [[1, 0], [0, 1]])
+    keys, rewards, mask, padding = _padded(keys, rewards, mask)
+    cfg = trainer_config().algorithm
+    cfg.oma.dump_dir = str(tmp_path)
+    out = compute_oma_batch(rewards, mask, keys, cfg, dp_size=1, mini_batch_rows=5, padding=padding, iteration=5)
+    b = read_batch(tmp_path / "batches" / "iter_000005.parquet")
+    assert (b.group_index.tolist(), b.traj_index.tolist(), b.step_index.tolist()) == (g.tolist(), t.tolist(), s.tolist())
+    assert b.scores.tolist() == rewards[:8].sum(-1).tolist() and b.response_tokens.tolist() == mask[:8].sum(-1).tolist()
+    assert out.metrics["oma/padding_copies"] == 2 and out.metrics["oma/trajectories"] == 4
+    assert out.metrics["oma/optimizer_steps"] == 2 and out.metrics["oma/zero_spread_groups"] == 0.0
+    assert "oma/degenerate_groups" not in out.metrics  # renamed: the hosts' name, a share of the groups
+
+
+def test_a_refused_step_writes_nothing(tmp_path):
+    keys, rewards, mask, *_ = session_batch([[2, 3], [1, 2]], [[1, 0], [0, 1]])
+    cfg = trainer_config().algorithm
+    cfg.oma.dump_dir = str(tmp_path)
+    with pytest.raises(ValueError, match="algorithm.oma.dump_dir is set: align\\(\\) needs the step's iteration"):
+        compute_oma_batch(rewards, mask, keys, cfg)
+    cfg.adv_estimator = "oma_gigpo"
+    with pytest.raises(ValueError, match="oma_gigpo needs anchor ids"):
+        compute_oma_batch(rewards, mask, keys, cfg, iteration=1)
+    cfg.adv_estimator = "grpo"
+    with pytest.raises(ValueError, match="algorithm.adv_estimator must be one of"):
+        compute_oma_batch(rewards, mask, keys, cfg, iteration=1)
+    assert not any(tmp_path.iterdir())

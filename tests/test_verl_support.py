@@ -44,11 +44,11 @@ def session_batch(rows_per_traj: list[list[int]], scores: list[list[float]], *, 
 
 
 def test_session_batch_keys_round_trip():
-    from oma.integrations.verl.batch import parse_session_keys
+    from oma.integrations.verl.batch import host_step
 
     keys, rewards, mask, g, t, s = session_batch([[2, 1], [3]], [[1.0, 0.0], [5.0]])
-    ids = parse_session_keys(keys)
-    assert torch.equal(ids.group_index, g) and torch.equal(ids.traj_index, t) and torch.equal(ids.step_index, s)
+    step = host_step(keys, rewards, mask)
+    assert torch.equal(step.group_index, g) and torch.equal(step.traj_index, t) and torch.equal(step.step_index, s)
     assert rewards.sum(-1).tolist() == [1.0, 1.0, 0.0, 5.0, 5.0, 5.0] and bool(mask.any(-1).all())
 
 

@@ -20,8 +20,8 @@ from oma.integrations.verl.batch import (
     UnsupportedConfigError,
     check_trainer_config,
     compute_oma_batch,
+    host_step,
     minibatch_rows,
-    parse_session_keys,
 )
 from oma.integrations.verl.trainer_mixin import OMATrainerMixin
 from verl.trainer.ppo import core_algos  # noqa: F401  (registers oma's estimators through the hook)
@@ -61,10 +61,10 @@ def test_masses_are_exact_when_trajectories_straddle_minibatches():
         cfg = trainer_config()
         cfg.algorithm.oma.mass = mass
         out = compute_oma_batch(rewards, mask, keys, cfg.algorithm, dp_size=1, mini_batch_rows=4)
-        ids = out.ids
+        ids = out.step
         traj_mass = core.segment_sum(out.weights.sum(-1), ids.traj_index, 4)
         torch.testing.assert_close(traj_mass, torch.full((4,), 0.75, dtype=torch.float64))
-        per_step = [float(out.weights[idx].sum()) for idx in out.minibatches]
+        per_step = [float(out.weights[idx].sum()) for idx in out.step.layout]
         assert sum(per_step) == pytest.approx(3.0)  # k steps of total 1 on average
         # equal to oma.core over the whole step, times k
         full = core.token_weights(mask, ids.group_index, ids.traj_index, mass=mass)
@@ -93,12 +93,12 @@ def test_gradient_over_minibatches_equals_the_full_step(dp, mass):
     cfg.algorithm.oma.mass = mass
     cfg.algorithm.oma.accounting = "row"  # row scores may differ inside a trajectory: any advantage will do
     out = compute_oma_batch(rewards, mask, keys, cfg.algorithm, dp_size=dp, mini_batch_rows=4 * dp)
-    k = len(out.minibatches)
+    k = len(out.step.layout)
     assert k == rows // (4 * dp)
     logp = torch.randn(rows, L, generator=gen, dtype=torch.float64, requires_grad=True)
     a_w = out.weighted_advantages.detach().to(torch.float64)
     total = 0.0
-    for idx in out.minibatches:  # verl: each rank's piece, token-sum, gradients summed over ranks
+    for idx in out.step.layout:  # verl: each rank's piece, token-sum, gradients summed over ranks
         for rank_rows in idx.chunk(dp):
             ratio = torch.exp(logp[rank_rows] - logp[rank_rows].detach())
             total = total + (-(a_w[rank_rows] * ratio) * mask[rank_rows]).sum()
@@ -107,11 +107,11 @@ def test_gradient_over_minibatches_equals_the_full_step(dp, mass):
     ratio = torch.exp(logp - logp.detach())
     ell = -(adv * ratio)
     if mass == "native":
-        expected = sum(core.weighted_loss(ell[idx], core.token_weights(mask[idx], out.ids.group_index[idx],
-                                                                       out.ids.traj_index[idx], mass="native"))
-                       for idx in out.minibatches)
+        expected = sum(core.weighted_loss(ell[idx], core.token_weights(mask[idx], out.step.group_index[idx],
+                                                                       out.step.traj_index[idx], mass="native"))
+                       for idx in out.step.layout)
     else:
-        expected = k * core.weighted_loss(ell, core.token_weights(mask, out.ids.group_index, out.ids.traj_index,
+        expected = k * core.weighted_loss(ell, core.token_weights(mask, out.step.group_index, out.step.traj_index,
                                                                   mass=mass))
     (g_full,) = torch.autograd.grad(expected, logp)
     torch.testing.assert_close(g_verl, g_full, rtol=1e-6, atol=1e-9)
@@ -154,6 +154,7 @@ class _StandInTrainer:
     def __init__(self, config):
         self.config = config
         self.trainer_mode = config.trainer.v1.trainer_mode  # as PPOTrainer.__init__ does
+        self.global_steps, self.parameter_sync_step, self.local_trigger_step = 1, 1, 0  # as PPOTrainer sets them
 
     def _compute_old_log_prob(self, batch, metrics):
         metrics["actor/entropy"] = 2.0 * 23  # verl's agg_loss under token-sum: Σ over the step's 23 tokens of 2.0
@@ -198,7 +199,7 @@ def test_mixin_computes_oma_advantages_from_session_keys(estimator):
     written_keys, fields = tq.written
     assert written_keys == meta.keys and set(fields.keys()) == {"advantages", "returns"}
 
-    ids = parse_session_keys(meta.keys)
+    ids = host_step(meta.keys, torch.zeros(len(meta.keys), 1), torch.ones(len(meta.keys), 1))
     R = len(meta.keys)
     L = rewards.shape[1]
     full_mask = torch.zeros(R, L, dtype=torch.bool)
@@ -221,9 +222,10 @@ def test_mixin_computes_oma_advantages_from_session_keys(estimator):
     torch.testing.assert_close(got, (adv.unsqueeze(-1) * weights).float()[:, : got.shape[1]])
     torch.testing.assert_close(fields["returns"].to_padded_tensor(0.0), (adv.unsqueeze(-1) * full_mask).float()[:, : got.shape[1]])
     assert metrics["oma/optimizer_steps"] == 4.0 and metrics["oma/trajectories"] == 7.0
+    assert metrics["oma/padding_copies"] == 2.0  # verl's is_padding rows
     # each trajectory 4/7 of the step's objective, wherever its rows lie (shuffled over the 4 mini-batches)
     traj_mass = core.segment_sum(weights.sum(-1), ids.traj_index, int(ids.traj_index.max()) + 1)
-    real = [t for t in range(traj_mass.shape[0]) if not ids.sessions[int((ids.traj_index == t).nonzero()[0])].startswith("pad")]
+    real = [t for t in range(traj_mass.shape[0]) if not meta.keys[int((ids.traj_index == t).nonzero()[0])].startswith("pad")]
     torch.testing.assert_close(traj_mass[real], torch.full((7,), 4 / 7, dtype=torch.float64))
     assert sum(float(weights[idx].sum()) for idx in minibatch_rows(R, 2, 8)) == pytest.approx(4.0)
 
@@ -231,6 +233,48 @@ def test_mixin_computes_oma_advantages_from_session_keys(estimator):
 def test_mixin_refuses_unsupported_config_before_building_anything():
     with pytest.raises(UnsupportedConfigError, match="token-sum"):
         _trainer(trainer_config(loss_agg_mode="seq-mean-token-mean"), _TQ({}))
+
+
+def test_mixin_refuses_another_verl_in_one_line(monkeypatch):
+    import importlib.metadata
+
+    from oma.hosts import HostConfigError
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.0" if name == "verl" else real(name))
+    with pytest.raises(HostConfigError) as e:
+        _trainer(trainer_config(loss_agg_mode="token-mean"), _TQ({}))  # refused for the version, before the config
+    assert str(e.value) == ("oma's verl integration supports verl 0.9.x (tested on 0.9.1); the installed verl is 0.10.0: "
+                            "pip install 'verl==0.9.1'")
+
+
+def _step_rows(keys):
+    """Rows of 2 or 3 tokens (TransferQueue nests uneven rows), session 0 of each group wins."""
+    rows = {}
+    for k in keys:
+        n = 2 + int(k[-1]) % 2
+        scores = torch.zeros(n)
+        scores[-1] = 1.0 if k.split("_")[1] == "0" else 0.0
+        rows[k] = {"uid": k.rsplit("_", 2)[0], "response_mask": torch.ones(n, dtype=torch.long), "rm_scores": scores,
+                   "old_log_probs": torch.zeros(n)}
+    return rows
+
+
+@pytest.mark.parametrize(("sync", "trigger", "iteration"), [(1, 0, 3), (2, 1, 6)])
+def test_mixin_dumps_each_training_batch_under_its_step(tmp_path, sync, trigger, iteration):
+    keys = _session_keys([[2, 3], [1, 2]])
+    tq = _TQ(_step_rows(keys))
+    cfg = trainer_config(ppo_mini_batch_size=1)
+    cfg.algorithm.oma.dump_dir = str(tmp_path)
+    trainer = _trainer(cfg, tq, dp=1)
+    trainer.global_steps, trainer.parameter_sync_step, trainer.local_trigger_step = 3, sync, trigger
+    metrics = {}
+    trainer._compute_advantage(_Meta(keys, [{}] * len(keys)), metrics)
+    from oma.diagnostics import read_batch
+
+    b = read_batch(tmp_path / "batches" / f"iter_{iteration:06d}.parquet")
+    assert b.traj_index.tolist() == [0, 0, 1, 1, 1, 2, 3, 3] and b.step_index.tolist() == [0, 1, 0, 1, 2, 0, 0, 1]
+    assert b.scores.tolist() == [1, 1, 0, 0, 0, 1, 0, 0] and metrics["oma/trajectories"] == 4
 
 
 def test_example_alfworld_config_composes_and_passes_checks(monkeypatch):

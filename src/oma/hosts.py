@@ -17,6 +17,7 @@ to its framework. The math is :mod:`oma.core`'s; nothing here is host-specific.
   divisible size) get no weight under MA and take no trajectory's place.
 * :func:`metrics`: the same ``oma/*`` names on every host.
 * :func:`align`: all three, and the batch written for ``oma audit`` when ``dump_dir`` is set.
+* :func:`require_version`: a host refuses, at start-up, a framework version the contract was not tested on.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import torch
 from torch import Tensor
 
 from oma import core
-from oma.batchfile import batch_path, write_batch
 
 ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "gigpo")
 """Advantage estimators: the group-relative episode estimators of :func:`oma.core.outcome_advantages` and
@@ -102,13 +102,19 @@ class HostOptions:
             raise HostConfigError(f"{p}.norm_by_std must be true or false, got {self.norm_by_std!r}")
 
     @classmethod
-    def from_mapping(cls, given: Mapping[str, Any] | None, *, prefix: str, **defaults: Any) -> HostOptions:
+    def from_mapping(cls, given: Mapping[str, Any] | None, *, prefix: str, refused: Mapping[str, str] | None = None,
+                     **defaults: Any) -> HostOptions:
         """The options a host's config node ``given`` sets (None or absent values: ``defaults``, then the
         fields' own), under ``prefix``. An unknown key is refused by name, never dropped: a typo must not
-        silently fall back to a default."""
-        known = [f.name for f in fields(cls) if f.name != "prefix"]
+        silently fall back to a default. ``refused`` maps the keys this host does not take from the node
+        (the host's own config sets them, or they were renamed) to the rest of their one-line refusal,
+        ``"<prefix>.<key> <refused[key]>"``, which says what to use instead."""
+        refused = dict(refused or {})
+        known = [f.name for f in fields(cls) if f.name != "prefix" and f.name not in refused]
         values = dict(defaults)
         for key, value in (given or {}).items():
+            if key in refused:
+                raise HostConfigError(f"{prefix}.{key} {refused[key]}")
             if key not in known:
                 raise HostConfigError(f"{prefix}.{key} is not an option; known: {known}")
             if value is not None:
@@ -148,14 +154,19 @@ class HostStep:
     minibatches: list[Tensor] | None = None
     """Row indices of each optimizer step the host will take on this batch (None: one)."""
     copies: Tensor | None = None
-    """bool [R]: rows that repeat another row to pad the batch (verl-agent's ``adjust_batch``)."""
+    """bool [R]: rows that only pad the batch to a divisible size: verl-agent's ``adjust_batch`` copies of
+    other rows, verl's synthetic padding rows (``is_padding``). They take no trajectory's place."""
+    won: Tensor | None = None
+    """bool [R]: the episode's success, stamped on its rows, when the host knows it (``oma train``); it
+    decides success in :func:`metrics` and is written by :func:`dump`, as ``oma audit``'s ``won`` column
+    does. Without it a trajectory succeeds when its outcome is > 0 (the audit's default rule)."""
 
     def __post_init__(self) -> None:
         rows = int(self.group_index.shape[0])
         mask = self.response_mask
         if mask.dim() != 2 or mask.shape[0] != rows:
             raise ValueError(f"response_mask must be [R, L] with R = {rows} rows, got {tuple(mask.shape)}")
-        for name in ("traj_index", "scores", "step_index", "anchor", "step_rewards", "copies"):
+        for name in ("traj_index", "scores", "step_index", "anchor", "step_rewards", "copies", "won"):
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != (rows,):
                 raise ValueError(f"{name} must be [R] with R = {rows} rows, got {tuple(value.shape)}")
@@ -178,6 +189,13 @@ class HostStep:
     def kept(self) -> Tensor:
         """bool [R]: the rows that are no padding copy."""
         return torch.ones(self.rows, dtype=torch.bool) if self.copies is None else ~self.copies.bool()
+
+    def select(self, idx: Tensor) -> HostStep:
+        """The step restricted to rows ``idx``, as one mini-batch (a host whose mini-batches hold whole
+        trajectories, or that leaves rows out of its step, takes its weights or its dump from it)."""
+        rows = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("response_mask", "minibatches")}
+        return HostStep(**{k: None if v is None else v.index_select(0, idx) for k, v in rows.items()},
+                        response_mask=self.response_mask.index_select(0, idx))
 
 
 @dataclass(frozen=True)
@@ -261,7 +279,9 @@ def metrics(step: HostStep, options: HostOptions, w: Tensor) -> dict[str, float]
                 "oma/zero_spread_groups": float(stats.degenerate.double().mean())})
     mass = core.segment_sum(w.index_select(0, idx).sum(-1), traj.inverse, traj.n)
     total = float(mass.sum())
-    success = outcome > 0  # the audit's default rule (docs/audit.md)
+    # the audit's rule (docs/audit.md#input-format): the episode's won flag, else outcome > 0
+    success = (core.trajectory_outcomes(step.won.index_select(0, idx).double(), structure) > 0
+               if step.won is not None else outcome > 0)
     if total > 0:
         out["oma/effective_trajectories"] = total**2 / float((mass * mass).sum())  # Kish (docs/audit.md)
         out["oma/failure_mass_share"] = float(mass[~success].sum()) / total
@@ -271,18 +291,17 @@ def metrics(step: HostStep, options: HostOptions, w: Tensor) -> dict[str, float]
 
 
 def dump(step: HostStep, options: HostOptions, iteration: int) -> Path:
-    """Write the step's batch (its copies left out: the audit counts trajectories) for ``oma audit``."""
-    keep = step.kept.nonzero().squeeze(-1)
+    """Write the step's batch (its copies left out: the audit counts trajectories) for ``oma audit``, at
+    ``<dump_dir>/batches/iter_<iteration>.parquet``."""
+    from oma.batchfile import batch_path, write_batch  # pyarrow: only for the hosts that dump
 
-    def sel(x: Tensor | None) -> Tensor | None:
-        return None if x is None else x.index_select(0, keep)
-
-    step_index = step.step_index if step.step_index is not None else core.batch_structure(
-        step.group_index, step.traj_index).position_in_trajectory()
-    return write_batch(batch_path(options.dump_dir, iteration), group_index=sel(step.group_index),
-                       traj_index=sel(step.traj_index), step_index=sel(step_index),
-                       scores=sel(outcome_scores(step, options)), response_mask=step.response_mask.index_select(0, keep),
-                       anchor=sel(step.anchor), step_rewards=sel(step.step_rewards))
+    kept = step.select(step.kept.nonzero().squeeze(-1))
+    step_index = kept.step_index if kept.step_index is not None else core.batch_structure(
+        kept.group_index, kept.traj_index).position_in_trajectory()
+    return write_batch(batch_path(options.dump_dir, iteration), group_index=kept.group_index,
+                       traj_index=kept.traj_index, step_index=step_index, scores=outcome_scores(kept, options),
+                       response_mask=kept.response_mask, anchor=kept.anchor, step_rewards=kept.step_rewards,
+                       won=kept.won)
 
 
 def align(step: HostStep, options: HostOptions, *, iteration: int | None = None) -> HostResult:
@@ -295,3 +314,17 @@ def align(step: HostStep, options: HostOptions, *, iteration: int | None = None)
             raise ValueError(f"{options.prefix}.dump_dir is set: align() needs the step's iteration to name its file")
         dump(step, options, iteration)
     return HostResult(adv, w, metrics(step, options, w))
+
+
+def require_version(package: str, supported: str, tested: str) -> None:
+    """Refuse, in one line naming both versions, an installed ``package`` outside the ``supported`` series
+    (``"0.9"``: any 0.9.x) that its integration was written against and tested on (version ``tested``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version(package)
+    except PackageNotFoundError:
+        installed = None
+    if installed is None or not (installed == supported or installed.startswith(supported + ".")):
+        raise HostConfigError(f"oma's {package} integration supports {package} {supported}.x (tested on {tested}); "
+                              f"the installed {package} is {installed or 'missing'}: pip install '{package}=={tested}'")

@@ -21,7 +21,7 @@ from skyrl.train.fully_async_trainer import FullyAsyncRayPPOTrainer
 from skyrl.train.trainer import RayPPOTrainer
 
 from oma import core
-from oma.integrations.skyrl.batch import OMAConfig, stepwise_structure
+from oma.integrations.skyrl.batch import host_step
 from oma.integrations.skyrl.trainer import (
     OMAFullyAsyncRayPPOTrainer,
     OMAPPOExp,
@@ -52,7 +52,7 @@ class _Dataset:
         return batch
 
 
-def make_cfg(oma: OMAConfig, loss_reduction: str = "token_mean", estimator: str = "grpo") -> OMASkyRLTrainConfig:
+def make_cfg(oma: dict, loss_reduction: str = "token_mean", estimator: str = "grpo") -> OMASkyRLTrainConfig:
     cfg = OMASkyRLTrainConfig()
     cfg.generator.step_wise_trajectories = True
     cfg.generator.n_samples_per_prompt = 3
@@ -113,7 +113,7 @@ def make_batch(pad: int = 2) -> TrainingInputBatch:
 def advantages_after_normalisation(cls, cfg, data=None):
     trainer = make_trainer(cls, cfg)
     data = make_batch() if data is None else data
-    structure = stepwise_structure(list(data.metadata["uids"]), data.metadata["is_last_step"])
+    structure = host_step(list(data.metadata["uids"]), data.metadata["is_last_step"], data["rewards"], data["loss_mask"])
     data = trainer.compute_advantages_and_returns(data)
     raw = data["advantages"].clone()
     data = trainer._normalize_advantages(data, data.metadata["policy_mini_batch_boundaries"],
@@ -132,10 +132,10 @@ REDUCER = {"token_mean": "token-mean", "sequence_mean": "seq-mean-token-mean",
 @pytest.mark.parametrize("loss_reduction", LOSS_REDUCTIONS)
 @pytest.mark.parametrize("mass", ["uniform", "group"])
 def test_each_trajectory_gets_oma_core_weights(loss_reduction, mass):
-    cfg = make_cfg(OMAConfig(mass=mass), loss_reduction)
+    cfg = make_cfg({"mass": mass}, loss_reduction)
     raw, adv, structure, data = advantages_after_normalisation(OMARayPPOTrainer, cfg)
     # the advantages themselves are SkyRL's (trajectory accounting is its step-wise semantics)
-    skyrl_raw, _, _, _ = advantages_after_normalisation(RayPPOTrainer, make_cfg(OMAConfig(mass="native"), loss_reduction))
+    skyrl_raw, _, _, _ = advantages_after_normalisation(RayPPOTrainer, make_cfg({"mass": "native"}, loss_reduction))
     assert torch.equal(raw, skyrl_raw)
     k = len(data.metadata["policy_mini_batch_boundaries"])
     weights = k * core.token_weights(data["loss_mask"].bool(), structure.group_index, structure.traj_index,
@@ -152,14 +152,14 @@ def test_each_trajectory_gets_oma_core_weights(loss_reduction, mass):
 
 @pytest.mark.parametrize("loss_reduction", LOSS_REDUCTIONS + ["prompt_mean"])
 def test_oma_off_is_skyrl_unmodified(loss_reduction):
-    off = OMAConfig(accounting="trajectory", mass="native")
+    off = {"accounting": "trajectory", "mass": "native"}
     _, ours, _, _ = advantages_after_normalisation(OMARayPPOTrainer, make_cfg(off, loss_reduction))
     _, skyrl, _, _ = advantages_after_normalisation(RayPPOTrainer, make_cfg(off, loss_reduction))
     assert torch.equal(ours, skyrl)
 
 
 def test_skyrl_trajectory_advantages_equal_oma_core_trajectory_accounting():
-    raw, _, structure, data = advantages_after_normalisation(RayPPOTrainer, make_cfg(OMAConfig(mass="native")))
+    raw, _, structure, data = advantages_after_normalisation(RayPPOTrainer, make_cfg({"mass": "native"}))
     rows = len(raw) - data.metadata["pad_size"]
     outcome = torch.tensor([s for _, steps, s in TRAJECTORIES for _ in steps], dtype=torch.float64)
     expected = core.outcome_advantages(outcome, structure.group_index[:rows], structure.traj_index[:rows],
@@ -170,7 +170,7 @@ def test_skyrl_trajectory_advantages_equal_oma_core_trajectory_accounting():
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
 def test_row_accounting_counts_every_step(estimator):
-    cfg = make_cfg(OMAConfig(accounting="row", mass="native"), estimator=estimator)
+    cfg = make_cfg({"accounting": "row", "mass": "native"}, estimator=estimator)
     raw, adv, structure, data = advantages_after_normalisation(OMARayPPOTrainer, cfg)
     rows = len(raw) - data.metadata["pad_size"]
     outcome = [s for _, steps, s in TRAJECTORIES for _ in steps]
@@ -192,7 +192,7 @@ def test_row_accounting_counts_every_step(estimator):
 
 
 def test_row_accounting_reports_its_own_advantage_metrics():
-    trainer = make_trainer(OMARayPPOTrainer, make_cfg(OMAConfig(accounting="row", mass="native")))
+    trainer = make_trainer(OMARayPPOTrainer, make_cfg({"accounting": "row", "mass": "native"}))
     data = trainer.compute_advantages_and_returns(make_batch())
     rows = len(data["advantages"]) - data.metadata["pad_size"]
     valid = torch.masked_select(data["advantages"][:rows], data["response_mask"][:rows].bool())
@@ -202,11 +202,12 @@ def test_row_accounting_reports_its_own_advantage_metrics():
 
 def test_weights_ignore_where_mini_batch_boundaries_fall():
     """A trajectory cut by a mini-batch boundary keeps its total: only the number k of mini-batches enters."""
-    cfg = make_cfg(OMAConfig(mass="uniform"))
+    cfg = make_cfg({"mass": "uniform"})
     trainer = make_trainer(OMARayPPOTrainer, cfg)
     data = trainer.compute_advantages_and_returns(make_batch())
-    a = trainer._normalize_advantages(copy.deepcopy(data), [(0, 4), (4, 9), (9, 16)])["advantages"]
-    b = trainer._normalize_advantages(copy.deepcopy(data), [(0, 2), (2, 11), (11, 16)])["advantages"]
+    rows = len(data["loss_mask"])  # 17 rows and SkyRL's 2 padding rows, which no mini-batch trains
+    a = trainer._normalize_advantages(copy.deepcopy(data), [(0, 4), (4, 9), (9, rows)])["advantages"]
+    b = trainer._normalize_advantages(copy.deepcopy(data), [(0, 2), (2, 11), (11, rows)])["advantages"]
     assert torch.equal(a, b)
 
 
@@ -258,7 +259,7 @@ def expected_token_loss(policy_loss: str, algo, logp, logp_old, logp_rollout, ad
 @pytest.mark.parametrize("dp_size", [1, 2])
 @pytest.mark.parametrize("micro", [1, 3])
 def test_worker_loss_equals_oma_core_weighted_loss(policy_loss, dp_size, micro):
-    cfg = make_cfg(OMAConfig(mass="uniform"))
+    cfg = make_cfg({"mass": "uniform"})
     cfg.trainer.algorithm.policy_loss_type = policy_loss
     cfg.trainer.micro_train_batch_size_per_gpu = micro
     raw, adv, structure, data = advantages_after_normalisation(OMARayPPOTrainer, cfg)
@@ -295,7 +296,7 @@ def test_worker_loss_equals_oma_core_weighted_loss(policy_loss, dp_size, micro):
 
 def test_fully_async_trainer_applies_the_same_weights():
     """SkyRL's fully async trainer (rollout-anchored loss, as it requires) inherits both overrides."""
-    cfg = make_cfg(OMAConfig(mass="group"))
+    cfg = make_cfg({"mass": "group"})
     cfg.trainer.algorithm.policy_loss_type = "rollout_is"
     cfg.trainer.fully_async.enabled = True
     cfg.trainer.fully_async.num_parallel_generation_workers = PROMPTS
@@ -305,35 +306,59 @@ def test_fully_async_trainer_applies_the_same_weights():
     batch.metadata["policy_mini_batch_boundaries"] = [(0, len(batch["loss_mask"]) - 2)]
     _, adv_async, _, _ = advantages_after_normalisation(OMAFullyAsyncRayPPOTrainer, cfg, copy.deepcopy(batch))
     _, adv_sync, _, _ = advantages_after_normalisation(OMARayPPOTrainer, cfg, batch)
-    raw, _, _, _ = advantages_after_normalisation(RayPPOTrainer, make_cfg(OMAConfig(mass="native")))
+    raw, _, _, _ = advantages_after_normalisation(RayPPOTrainer, make_cfg({"mass": "native"}))
     assert torch.equal(adv_async, adv_sync) and not torch.equal(adv_async, raw)
 
 
 # ------------------------------------------------------------------------------------ refusals
 
 
-def test_bad_options_are_refused_by_key_when_parsing():
-    with pytest.raises(ValueError, match=r"trainer\.algorithm\.oma\.mass='tokens' is not a valid option"):
-        parse_config(["trainer.algorithm.oma.mass=tokens", "generator.step_wise_trajectories=true"])
-    with pytest.raises(ValueError, match=r"trainer\.algorithm\.oma\.accounting='rows'"):
-        parse_config(["trainer.algorithm.oma.accounting=rows"])
-    with pytest.raises(ValueError, match=r"Invalid fields \{'masss'\}"):  # SkyRL's own check of unknown keys
-        parse_config(["trainer.algorithm.oma.masss=uniform"])
+@pytest.mark.parametrize(("override", "message"), [
+    ("trainer.algorithm.oma.mass=tokens",
+     "trainer.algorithm.oma.mass must be one of ['native', 'uniform', 'group'], got 'tokens'"),
+    ("trainer.algorithm.oma.accounting=rows",
+     "trainer.algorithm.oma.accounting must be one of ['row', 'trajectory'], got 'rows'"),
+    ("trainer.algorithm.oma.masss=uniform",
+     "trainer.algorithm.oma.masss is not an option; known: ['accounting', 'mass', 'dump_dir']"),
+    ("trainer.algorithm.oma.audit_dir=/tmp/x",
+     "trainer.algorithm.oma.audit_dir was renamed trainer.algorithm.oma.dump_dir: set that instead"),
+    ("trainer.algorithm.oma.estimator=rloo",
+     "trainer.algorithm.oma.estimator is set by trainer.algorithm.advantage_estimator: set that instead"),
+])
+def test_bad_options_are_refused_by_key_when_parsing(override, message):
+    with pytest.raises(ValueError) as e:
+        parse_config([override, "generator.step_wise_trajectories=true"])
+    assert str(e.value) == message
+
+
+def test_another_skyrl_is_refused_before_the_trainer_exists(monkeypatch):
+    import importlib.metadata
+
+    from oma.hosts import HostConfigError
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.1" if name == "skyrl" else real(name))
+    for build in (lambda: parse_config(["generator.step_wise_trajectories=true"]),
+                  lambda: make_trainer(OMARayPPOTrainer, make_cfg({"mass": "uniform"}))):
+        with pytest.raises(HostConfigError, match=r"^oma's skyrl integration supports skyrl 0\.4\.x \(tested on 0\.4\.0\); "
+                                                  r"the installed skyrl is 0\.5\.1: pip install 'skyrl==0\.4\.0'$"):
+            build()
 
 
 def test_step_wise_off_is_refused_before_the_trainer_exists():
-    cfg = make_cfg(OMAConfig(mass="uniform"))
+    cfg = make_cfg({"mass": "uniform"})
     cfg.generator.step_wise_trajectories = False
     with pytest.raises(ValueError, match=r"generator\.step_wise_trajectories must be true"):
         make_trainer(OMARayPPOTrainer, cfg)
 
 
-def test_missing_is_last_step_is_refused_by_key():
-    trainer = make_trainer(OMARayPPOTrainer, make_cfg(OMAConfig(mass="uniform")))
+def test_missing_is_last_step_is_refused_by_key_before_anything_is_written(tmp_path):
+    trainer = make_trainer(OMARayPPOTrainer, make_cfg({"mass": "uniform", "dump_dir": str(tmp_path)}))
     data = make_batch()
     del data.metadata["is_last_step"]
     with pytest.raises(ValueError, match=r"metadata\['is_last_step'\] is missing"):
         trainer.compute_advantages_and_returns(data)
+    assert not any(tmp_path.iterdir())
 
 
 def test_the_entry_point_picks_oma_trainers():
@@ -342,18 +367,18 @@ def test_the_entry_point_picks_oma_trainers():
         RayPPOTrainer)
     exp = OMAPPOExp.__new__(OMAPPOExp)  # get_trainer needs no state of the experiment
     for enabled, cls in ((False, OMARayPPOTrainer), (True, OMAFullyAsyncRayPPOTrainer)):
-        cfg = make_cfg(OMAConfig(mass="uniform"))
+        cfg = make_cfg({"mass": "uniform"})
         cfg.trainer.fully_async.enabled = enabled
         with patch.object(cls, "__init__", return_value=None) as init:
             trainer = exp.get_trainer(cfg, None, None, _Dataset(), _Dataset(), None, MagicMock(), None)
         assert type(trainer) is cls and init.call_args.kwargs["cfg"] is cfg
 
 
-@pytest.mark.parametrize("oma", [OMAConfig(mass="native"), OMAConfig(mass="uniform")])
-def test_audit_dir_writes_the_step_batch(tmp_path, oma):
+@pytest.mark.parametrize("oma", [{"mass": "native"}, {"mass": "uniform"}])
+def test_dump_dir_writes_the_step_batch(tmp_path, oma):
     from oma.diagnostics import read_batch
 
-    oma.audit_dir = str(tmp_path)
+    oma["dump_dir"] = str(tmp_path)
     trainer = make_trainer(OMARayPPOTrainer, make_cfg(oma))
     trainer.global_step = 3
     trainer.compute_advantages_and_returns(make_batch())
@@ -362,6 +387,26 @@ def test_audit_dir_writes_the_step_batch(tmp_path, oma):
     assert len(b.traj_index) == rows  # SkyRL's 2 padding rows left out
     assert b.scores.tolist() == [s for _, steps, s in TRAJECTORIES for _ in steps]
     assert b.response_tokens.tolist() == [n for _, steps, _ in TRAJECTORIES for n in steps]
+
+
+@pytest.mark.parametrize(("oma", "loss_reduction", "mass_figures"), [
+    ({"mass": "uniform"}, "token_mean", True),
+    ({"accounting": "row", "mass": "native"}, "sequence_mean", True),
+    ({"accounting": "row", "mass": "native"}, "prompt_mean", False),  # no oma reducer: no weights to read
+])
+def test_the_hosts_metrics_are_logged_every_step(oma, loss_reduction, mass_figures):
+    trainer = make_trainer(OMARayPPOTrainer, make_cfg(oma, loss_reduction))
+    data = trainer.compute_advantages_and_returns(make_batch())
+    trainer._normalize_advantages(data, data.metadata["policy_mini_batch_boundaries"],
+                                  data.metadata["policy_prompt_boundaries"])
+    m = trainer.all_metrics
+    assert m["oma/trajectories"] == len(TRAJECTORIES) and m["oma/groups"] == PROMPTS
+    assert m["oma/optimizer_steps"] == len(data.metadata["policy_mini_batch_boundaries"])
+    assert m["oma/padding_copies"] == 0  # SkyRL's padding rows lie outside the step
+    assert m["oma/rows_per_trajectory/max"] == 4 and m["oma/expansion_ratio"] > 1  # failures take more steps here
+    assert ("oma/effective_trajectories" in m) == mass_figures == ("oma/failure_mass_share" in m)
+    if oma["mass"] == "uniform":
+        assert m["oma/effective_trajectories"] == pytest.approx(len(TRAJECTORIES))
 
 
 @pytest.mark.parametrize("command", [
@@ -376,5 +421,5 @@ def test_skyrl_command_reaches_oma_config(command):
     out = subprocess.run([sys.executable, *command, "trainer.algorithm.oma.mass=tokens"], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode != 0
-    assert "trainer.algorithm.oma.mass='tokens' is not a valid option" in out.stderr
+    assert "trainer.algorithm.oma.mass must be one of ['native', 'uniform', 'group'], got 'tokens'" in out.stderr
     assert "ray.init" not in out.stderr.lower()

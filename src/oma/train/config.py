@@ -279,7 +279,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             raise ConfigError(f"{key} must be > 0, got {value}")
     for key, value in {"iterations": cfg.iterations, "env.history_length": cfg.env.history_length,
                        "warm_start.episodes": cfg.warm_start.episodes, "warm_start.epochs": cfg.warm_start.epochs,
-                       "algo.kl_coef": cfg.algo.kl_coef, "env.invalid_penalty": cfg.env.invalid_penalty,
+                       "algo.kl_coef": cfg.algo.kl_coef, "algo.step_advantage_w": cfg.algo.step_advantage_w,
+                       "env.invalid_penalty": cfg.env.invalid_penalty,
                        "algo.clip_low": cfg.algo.clip_low, "algo.clip_high": cfg.algo.clip_high,
                        "optim.weight_decay": cfg.optim.weight_decay}.items():
         if value < 0:

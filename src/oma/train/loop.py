@@ -1,9 +1,10 @@
 """The stepwise multi-turn RL loop (docs/training.md), top to bottom in one file.
 
-Per iteration: roll out G task seeds × n episodes (one row per agent step) → advantages from
-oma.core (OA via ``algo.accounting``) → PPO-style epochs over mini-batches of whole trajectories,
-weights from oma.core (MA via ``algo.mass``) computed once per mini-batch, exact micro-batch
-gradient accumulation → greedy evaluation on held-out tasks, metrics, checkpoint.
+Per iteration: roll out G task seeds × n episodes (one row per agent step) → advantages from the host
+contract, :mod:`oma.hosts` (OA via ``algo.accounting``) → PPO-style epochs over mini-batches of whole
+trajectories, weights from :func:`oma.hosts.weights` (MA via ``algo.mass``) computed once per
+mini-batch, exact micro-batch gradient accumulation → greedy evaluation on held-out tasks, metrics (the
+hosts' ``oma/*`` among them), the batch for ``oma audit``, checkpoint.
 
 Every random draw comes from a generator seeded by (seed, iteration, purpose), so a run is
 reproducible and a resumed run yields the metrics of an uninterrupted one.
@@ -17,7 +18,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,22 +29,21 @@ from torch import Tensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 import oma.envs
+from oma import hosts
 from oma.agent.kinds import policy_kind, rows_kind
 from oma.agent.policy import unique_index
 from oma.agent.rollout import Rollout, Rows
 from oma.core import (
     clipped_tokens,
     discounted_returns,
-    gigpo_advantages,
     group_outcome_stats,
     kl_k3,
-    outcome_advantages,
     segment_sum,
     token_objective,
-    token_weights,
     trajectory_minibatches,
     weighted_loss,
 )
+from oma.hosts import HostOptions, HostStep
 from oma.core.segments import segments
 from oma.files import atomic_write_text, read_jsonl
 from oma.train.checkpoint import clean_debris, resume_from_checkpoint, save_checkpoint
@@ -188,14 +188,25 @@ def episode_scores(cfg: TrainConfig, rows: Rows) -> Tensor:
     return g0[traj.inverse].to(rows.scores.dtype) - penalty
 
 
-def advantages(cfg: TrainConfig, rows: Rows, scores: Tensor) -> Tensor:
+def host_options(cfg: TrainConfig, run_dir: Path | None = None) -> HostOptions:
+    """``algo``'s switches as the host contract's options (:mod:`oma.hosts`; errors name ``algo.*``), with the
+    batches dumped into ``run_dir`` when ``dump_batches`` is on."""
     a = cfg.algo
-    if a.estimator == "gigpo":
-        return gigpo_advantages(scores, rows.step_rewards, rows.anchor, rows.group_index, rows.traj_index,
-                                rows.step_index, accounting=a.accounting, norm_by_std=a.norm_by_std, gamma=a.gamma,
-                                step_advantage_w=a.step_advantage_w)
-    return outcome_advantages(scores, rows.group_index, rows.traj_index, accounting=a.accounting,
-                              estimator=a.estimator, norm_by_std=a.norm_by_std)
+    return HostOptions(accounting=a.accounting, mass=a.mass, reducer=a.reducer, estimator=a.estimator,
+                       norm_by_std=a.norm_by_std, gamma=a.gamma, step_advantage_w=a.step_advantage_w,
+                       dump_dir=str(run_dir) if cfg.dump_batches and run_dir is not None else None, prefix="algo")
+
+
+def host_step(rows: Rows, scores: Tensor, mask: Tensor) -> HostStep:
+    """The iteration's batch as a host step: the rows already carry oma's ids; ``scores`` are the ones the
+    advantages compare (:func:`episode_scores`), ``won`` decides success in the metrics and the dump."""
+    return HostStep(group_index=rows.group_index, traj_index=rows.traj_index, scores=scores, response_mask=mask,
+                    step_index=rows.step_index, anchor=rows.anchor, step_rewards=rows.step_rewards, won=rows.won)
+
+
+def advantages(cfg: TrainConfig, rows: Rows, scores: Tensor) -> Tensor:
+    """A [R] of the rows (:func:`oma.hosts.advantages`)."""
+    return hosts.advantages(host_step(rows, scores, response_mask_of(rows)), host_options(cfg))
 
 
 # ================================================================================================
@@ -203,8 +214,22 @@ def advantages(cfg: TrainConfig, rows: Rows, scores: Tensor) -> Tensor:
 # ================================================================================================
 
 
+def minibatch_weights(cfg: TrainConfig, batch: Batch, rows_idx: Tensor) -> Tensor:
+    """W [len(rows_idx), L] of one mini-batch: :func:`oma.hosts.weights` of its rows as a step of one
+    mini-batch (their scores do not enter the weights).
+
+    Why per mini-batch, not the hosts' whole step × k: oma train's mini-batches hold whole trajectories
+    (:func:`oma.core.trajectory_minibatches`), so no trajectory is cut by a boundary, and each optimizer step
+    aligns its own trajectories, as this trainer always has. It is the same :func:`oma.core.token_weights`
+    call on the same rows, so the committed studies reproduce bit for bit."""
+    rows = batch.rows
+    step = HostStep(group_index=rows.group_index[rows_idx], traj_index=rows.traj_index[rows_idx],
+                    scores=rows.scores[rows_idx], response_mask=batch.response_mask[rows_idx])
+    return hosts.weights(step, host_options(cfg))
+
+
 def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_id: int, *, backward: bool) -> dict[str, float]:
-    """Σ over micro-batches of weighted_loss(ℓ, W[micro]) with W = token_weights(mini-batch).
+    """Σ over micro-batches of weighted_loss(ℓ, W[micro]) with W = :func:`minibatch_weights`.
 
     Micro-batches follow :func:`forward_plan` (each distinct row computed once, rows by length).
     With ``backward`` each micro-batch's loss is back-propagated as it is made (gradients
@@ -217,7 +242,7 @@ def minibatch_loss(model, batch: Batch, rows_idx: Tensor, cfg: TrainConfig, pad_
     a = cfg.algo
     rows = batch.rows
     mask = batch.response_mask[rows_idx]
-    weights = token_weights(mask, rows.group_index[rows_idx], rows.traj_index[rows_idx], reducer=a.reducer, mass=a.mass)
+    weights = minibatch_weights(cfg, batch, rows_idx)
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl_ref": 0.0, "clipfrac": 0.0, "approx_kl_k1": 0.0, "approx_kl_k3": 0.0}
     # A row with A = 0 has ℓ = 0 and no gradient whatever its log-probs, unless a KL or entropy term
     # is on: its forward pass is skipped (its tokens still count in the weights' normalisers above).
@@ -369,6 +394,17 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
 # ================================================================================================
 # Evaluation and bookkeeping
 # ================================================================================================
+
+
+def host_metrics(cfg: TrainConfig, batch: Batch, step: HostStep, options: HostOptions, iteration: int) -> dict[str, float]:
+    """The hosts' ``oma/*`` metrics (:func:`oma.hosts.metrics`) of the iteration's first epoch: its
+    mini-batches as :func:`update` draws them, each weighted on its own (:func:`minibatch_weights`)."""
+    layout = trajectory_minibatches(step.traj_index, cfg.optim.num_minibatches,
+                                    generator=_generator(cfg.seed, iteration, "minibatch"))
+    w = torch.zeros(step.response_mask.shape, dtype=torch.float64)
+    for idx in layout:
+        w[idx] = minibatch_weights(cfg, batch, idx)
+    return hosts.metrics(replace(step, minibatches=layout), options, w)
 
 
 def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> dict[str, float]:
@@ -572,6 +608,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             (run_dir / "samples.jsonl").unlink(missing_ok=True)
             log.write({"iteration": 0, **evaluate(cfg, new_env, model, tokenizer, 0), "warm_start": ws_info})
 
+        options = host_options(cfg, run_dir)
         # at least twice per run, so a short run killed halfway can resume too
         checkpoint_every = min(cfg.checkpoint_every, max(1, cfg.iterations // 2))
         rl = progress.add_task("RL", total=cfg.iterations, completed=start)
@@ -582,13 +619,14 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             rows = ro.rows
             t_rollout = time.perf_counter() - t0
 
-            # ---- 2. advantages (oma.core; Outcome Alignment via algo.accounting), old log-probs ---
+            # ---- 2. advantages (oma.hosts; Outcome Alignment via algo.accounting), old log-probs --
             t0 = time.perf_counter()
             scores = episode_scores(cfg, rows)
-            adv = advantages(cfg, rows, scores)
+            mask = response_mask_of(rows)
+            step = host_step(rows, scores, mask)
+            adv = hosts.advantages(step, options)
             t_adv = time.perf_counter() - t0
             t0 = time.perf_counter()
-            mask = response_mask_of(rows)
             width = mask.shape[1]
             # logp_old: recorded while sampling (same model, same constrained distribution, same temperature)
             logp_old, entropy = per_token(rows.logp, width), per_token(rows.entropy, width)
@@ -607,6 +645,7 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
             # ---- 4. evaluate, log, dump, checkpoint ---------------------------------------------
             record = {"iteration": it, **rollout_metrics(ro), **upd,
                       **learning_signal(rows, scores, mask, adv, logp_old, entropy, logp_ref),
+                      **host_metrics(cfg, batch, step, options, it),
                       "time_rollout": t_rollout, "time_advantages": t_adv, "time_logp_ref": t_logp_ref,
                       "time_update": t_update,
                       "tokens_per_s": ro.generated_tokens / max(t_rollout, 1e-9),
@@ -616,8 +655,8 @@ def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Con
                     record.update(evaluate(cfg, new_env, model, tokenizer, it))
             log.write(record)
             _write_samples(run_dir, it, ro, cfg.samples_per_iter)
-            if cfg.dump_batches:
-                _dump_batch(run_dir, it, rows, scores, mask)
+            if options.dump_dir is not None:
+                hosts.dump(step, options, it)
             if it % checkpoint_every == 0 or it == cfg.iterations:
                 save_checkpoint(run_dir, it, model, optimizer,
                                 {"config": to_dict(cfg), "wall_time_s": _run_time(before, time.perf_counter() - t_start)}, ema)
@@ -642,15 +681,6 @@ def _write_samples(run_dir: Path, iteration: int, ro: Rollout, k: int) -> None:
         for e in ro.episodes[:k]:
             f.write(json.dumps({"iteration": iteration, "seed": e.seed, "won": e.won, "steps": e.steps,
                                 "transcript": [{"obs": o, "action": a} for o, a in e.transcript]}) + "\n")
-
-
-def _dump_batch(run_dir: Path, iteration: int, rows: Rows, scores: Tensor, mask: Tensor) -> None:
-    """The batch as `oma audit` reads it; ``scores`` are the ones the advantages compared (``algo.score``)."""
-    from oma.batchfile import batch_path, write_batch  # pyarrow: only for runs that dump batches
-
-    write_batch(batch_path(run_dir, iteration), group_index=rows.group_index,
-                traj_index=rows.traj_index, step_index=rows.step_index, scores=scores, response_mask=mask,
-                anchor=rows.anchor, step_rewards=rows.step_rewards, won=rows.won)
 
 
 def _run_time(before: float | None, invocation: float) -> float | None:

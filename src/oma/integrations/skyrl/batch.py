@@ -1,14 +1,17 @@
-r"""OMA on a SkyRL step-wise training batch: trajectory ids, row-accounted advantages, MA weights.
+r"""SkyRL's step-wise training batch and config read into the host contract (:mod:`oma.hosts`).
 
-Pure functions over torch tensors (and :mod:`oma.core`), importable without SkyRL; the trainer in
-:mod:`oma.integrations.skyrl.trainer` calls them. docs/skyrl.md explains the mapping.
+Pure functions over torch tensors, importable without SkyRL; the trainer in
+:mod:`oma.integrations.skyrl.trainer` calls them, then :func:`oma.hosts.advantages`,
+:func:`oma.hosts.weights`, :func:`oma.hosts.metrics` and :func:`oma.hosts.dump`. docs/skyrl.md explains
+the mapping.
 
 **What SkyRL's batch holds** (``skyrl`` 0.4.0, ``generator.step_wise_trajectories=true``): one row
 per agent step; ``metadata["uids"]`` the prompt of each row (the GRPO *group*);
 ``metadata["is_last_step"]`` True on the last step of each trajectory, whose rows are contiguous;
 ``rewards`` per token, of which step-wise training uses the last step's sum (the trajectory's
 outcome); ``loss_mask`` 0/1, the trainable tokens. SkyRL pads the batch for data parallelism with
-rows ``uid = "pad{i}"``, ``is_last_step = True`` and an all-zero ``loss_mask``.
+rows ``uid = "pad{i}"``, ``is_last_step = True`` and an all-zero ``loss_mask`` after the others
+(``metadata["pad_size"]`` of them), outside every mini-batch: they are left out of the step.
 
 **Why scaling the advantages is exact.** SkyRL's worker minimises, per optimizer step,
 ``Σ_rows Σ_t loss_mask·ℓ(A')`` (``reduce_loss`` is a masked sum; the worker multiplies by the
@@ -22,10 +25,7 @@ size and data-parallel split.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,10 +33,15 @@ import torch
 from torch import Tensor
 
 from oma import core
-from oma.core.validate import check_option
+from oma.hosts import HostOptions, HostStep, require_version
 
-ACCOUNTINGS = core.ACCOUNTINGS
-MASSES = core.MASSES
+KEY = "trainer.algorithm.oma"
+
+SUPPORTED = "0.4"
+"""The SkyRL series the overridden trainer methods were read from (``compute_advantages_and_returns``,
+``_normalize_advantages``: SkyRL's own, not an extension point)."""
+
+TESTED = "0.4.0"
 
 REDUCER_OF_LOSS_REDUCTION: dict[str, core.Reducer] = {
     "token_mean": "token-mean",
@@ -55,51 +60,57 @@ MA): PPO-clip and dual clip (clip and min act on the ratio, A's sign is kept), G
 ratio), CISPO and ``rollout_is`` (a stopped-gradient weight times A·log π), DPPO (a mask that reads
 only A's sign). The last three are what SkyRL's fully async trainer accepts."""
 
-KEY = "trainer.algorithm.oma"
+REFUSED: dict[str, str] = {
+    "audit_dir": f"was renamed {KEY}.dump_dir: set that instead",
+    "estimator": "is set by trainer.algorithm.advantage_estimator: set that instead",
+    "norm_by_std": "is set by trainer.algorithm.grpo_norm_by_std: set that instead",
+    "reducer": "is set by trainer.algorithm.loss_reduction: set that instead",
+    "loss_scale_factor": "is set by trainer.algorithm.max_seq_len: set that instead",
+    "eps": "is SkyRL's own (its estimators' 1e-6): not an option here",
+    "outcome": "is SkyRL's step-wise rule (the last step's reward): not an option here",
+    "gamma": "is GiGPO's, which SkyRL does not run: not an option here",
+    "step_advantage_w": "is GiGPO's, which SkyRL does not run: not an option here",
+}
+"""The contract's keys SkyRL's own config sets (or that do not apply), refused under ``trainer.algorithm.oma``
+with what to use instead: only ``accounting``, ``mass`` and ``dump_dir`` are read from it."""
 
 
-@dataclass
-class OMAConfig:
-    """``trainer.algorithm.oma``: the OMA options of a SkyRL run (docs/skyrl.md#configuration-reference).
-
-    ``accounting=trajectory`` with ``mass=native`` is SkyRL unmodified.
-    """
-
-    accounting: str = "trajectory"
-    """Outcome statistics over unique trajectories (``trajectory``: SkyRL's own step-wise
-    advantages, which already use one outcome per trajectory) or over rows (``row``: every step is a
-    member of its group, as verl-agent's stepwise baseline counts them; ``grpo`` and ``rloo`` only)."""
-    mass: str = "uniform"
-    """Each trajectory's total weight in the step's objective: ``native`` (SkyRL's
-    ``loss_reduction`` per mini-batch: mass grows with a trajectory's tokens or turns), ``uniform``
-    (1/T each) or ``group`` (1/(G·|trajectories of its group|))."""
-    audit_dir: str | None = None
-    """When set, every training step's batch is written to ``<audit_dir>/batches/iter_<step>.parquet``
-    in ``oma audit``'s format (``oma audit <audit_dir>``), whatever the other options (docs/skyrl.md#audit-your-run)."""
-
-    def __post_init__(self) -> None:
-        check_option(f"{KEY}.accounting", self.accounting, ACCOUNTINGS)
-        check_option(f"{KEY}.mass", self.mass, MASSES)
-
-    @property
-    def active(self) -> bool:
-        """False when the options are SkyRL's own semantics (nothing to change in the objective)."""
-        return self.accounting != "trajectory" or self.mass != "native"
+def host_options(algorithm: Any) -> HostOptions:
+    """``trainer.algorithm.oma`` (a mapping: SkyRL's config keeps it as a dict) with SkyRL's own settings
+    as the rest of the options: the estimator, ``grpo_norm_by_std``, the reducer of ``loss_reduction``
+    and its L_norm ``max_seq_len``, and the outcome of step-wise training (the last step's reward)."""
+    node = getattr(algorithm, "oma", None)
+    if node is not None and not isinstance(node, Mapping):
+        raise ValueError(f"{KEY} must be a mapping of options (accounting, mass, dump_dir), got {type(node).__name__}")
+    defaults: dict[str, Any] = {"norm_by_std": bool(algorithm.grpo_norm_by_std), "outcome": "final"}
+    if algorithm.advantage_estimator in ESTIMATORS_OF_ROW_ACCOUNTING:
+        defaults["estimator"] = algorithm.advantage_estimator
+    reducer = REDUCER_OF_LOSS_REDUCTION.get(algorithm.loss_reduction)
+    if reducer is not None:
+        defaults["reducer"] = reducer
+        if reducer == "seq-mean-token-sum-norm" and algorithm.max_seq_len:
+            defaults["loss_scale_factor"] = float(algorithm.max_seq_len)
+    return HostOptions.from_mapping(node, prefix=KEY, refused=REFUSED, **defaults)
 
 
-def check_config(cfg: Any) -> OMAConfig:
-    """Refuse, naming the key, a SkyRL config on which oma's objective would not be what docs/skyrl.md says.
+def changes_skyrl(options: HostOptions) -> bool:
+    """False for SkyRL's own semantics (``accounting: trajectory``, ``mass: native``): nothing to change."""
+    return options.accounting != "trajectory" or options.mass != "native"
 
-    ``cfg`` is a SkyRL ``SkyRLTrainConfig`` (or any object with the same attribute paths) whose
-    ``trainer.algorithm.oma`` holds an :class:`OMAConfig`. Returns the options.
-    """
-    options = getattr(cfg.trainer.algorithm, "oma", None)
-    if not isinstance(options, OMAConfig):
-        raise ValueError(f"{KEY} must be an oma OMAConfig (build the config with oma's OMASkyRLTrainConfig), "
-                         f"got {type(options).__name__}")
-    if not options.active:
-        return options
+
+def check_version() -> None:
+    """Refuse, in one line naming both versions, a SkyRL outside :data:`SUPPORTED`."""
+    require_version("skyrl", SUPPORTED, TESTED)
+
+
+def check_config(cfg: Any) -> HostOptions:
+    """Refuse, naming the key, a SkyRL config on which oma's objective would not be what docs/skyrl.md
+    says. ``cfg`` is a SkyRL ``SkyRLTrainConfig`` (or any object with the same attribute paths). Returns
+    the options."""
     algo = cfg.trainer.algorithm
+    options = host_options(algo)
+    if not changes_skyrl(options):
+        return options
     if not cfg.generator.step_wise_trajectories:
         raise ValueError("generator.step_wise_trajectories must be true with trainer.algorithm.oma "
                          f"(accounting={options.accounting!r}, mass={options.mass!r}): OMA acts on step-wise "
@@ -122,26 +133,15 @@ def check_config(cfg: Any) -> OMAConfig:
     return options
 
 
-@dataclass(frozen=True)
-class StepwiseStructure:
-    """Who is who in a step-wise batch: integer group and trajectory ids per row."""
+def host_step(uids: Sequence[str], is_last_step: Sequence[bool] | None, rewards: Tensor, loss_mask: Tensor,
+              pad_size: int = 0) -> HostStep:
+    """SkyRL's step-wise batch in oma's ids, its ``pad_size`` padding rows left out (module docstring).
 
-    group_index: Tensor
-    traj_index: Tensor
-    is_last_step: Tensor
-
-    @property
-    def step_index(self) -> Tensor:
-        """Each row's position in its trajectory (SkyRL keeps a trajectory's steps in order)."""
-        return core.batch_structure(self.group_index, self.traj_index).position_in_trajectory()
-
-
-def stepwise_structure(uids: Sequence[str], is_last_step: Sequence[bool] | None) -> StepwiseStructure:
-    """Group ids from ``uids`` and trajectory ids from ``is_last_step`` (SkyRL's rule:
-    ``traj_ids = cumsum`` of the previous row's ``is_last_step``), checked.
-
-    Raises ``ValueError`` naming ``metadata['is_last_step']`` when it is missing, of another length
-    than ``uids``, does not end the batch, or leaves a trajectory spanning two uids.
+    Groups are ``metadata['uids']``; trajectories follow SkyRL's rule, ``traj_ids = cumsum`` of the
+    previous row's ``metadata['is_last_step']``; a row's score is its reward sum (the options' ``final``
+    outcome takes each trajectory's last step's, as step-wise SkyRL does); the response mask is
+    ``loss_mask != 0``. Raises ``ValueError`` naming ``metadata['is_last_step']`` when it is missing, of
+    another length than ``uids``, does not end the batch, or leaves a trajectory spanning two uids.
     """
     if is_last_step is None:
         raise ValueError("metadata['is_last_step'] is missing from the training batch: oma needs it to find "
@@ -160,77 +160,22 @@ def stepwise_structure(uids: Sequence[str], is_last_step: Sequence[bool] | None)
         bad = int(torch.nonzero(start_group != group_index)[0])
         raise ValueError(f"metadata['is_last_step']: row {bad} (uid {uids[bad]!r}) continues a trajectory of uid "
                          f"{uids[int(torch.nonzero(traj == traj[bad])[0])]!r}; a trajectory's steps share one uid")
-    return StepwiseStructure(group_index=group_index, traj_index=traj, is_last_step=last)
+    rows = len(uids) - int(pad_size)
+    group_index, traj = group_index[:rows], traj[:rows]
+    return HostStep(group_index=group_index, traj_index=traj, scores=rewards[:rows].sum(-1).to(torch.float64),
+                    response_mask=loss_mask[:rows] != 0,
+                    step_index=core.batch_structure(group_index, traj).position_in_trajectory())
 
 
-def row_outcomes(token_level_rewards: Tensor, structure: StepwiseStructure) -> Tensor:
-    """s_τ on every row of τ: the last step's reward sum (SkyRL's step-wise outcome), float64 [R]."""
-    return token_level_rewards.sum(-1).to(torch.float64)[structure.is_last_step][structure.traj_index]
+def minibatches(boundaries: Sequence[tuple[int, int]], rows: int) -> list[Tensor]:
+    """The rows of each of SkyRL's mini-batches, ``(start, end)`` slices cut to the step's ``rows`` (its
+    padding rows are no trajectory's)."""
+    return [torch.arange(min(start, rows), min(end, rows)) for start, end in boundaries]
 
 
-def row_accounted_advantages(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    structure: StepwiseStructure,
-    *,
-    estimator: str,
-    norm_by_std: bool,
-    eps: float = 1e-6,
-) -> Tensor:
-    r"""verl-agent's stepwise accounting inside SkyRL: every row is a member of its group.
-
-    Each row carries its trajectory's outcome s_τ (the last step's reward sum, as SkyRL's step-wise
-    branch uses it), and the group statistics count it once per row
-    (:func:`oma.core.outcome_advantages` with ``accounting="row"``), so a trajectory with more steps
-    weighs more in μ_g and σ_g. Returns A[R, L] = A_r·response_mask (SkyRL's layout).
-    """
-    adv = core.outcome_advantages(row_outcomes(token_level_rewards, structure), structure.group_index, structure.traj_index, accounting="row",
-                                  estimator=estimator, norm_by_std=norm_by_std, eps=eps)
-    return adv.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask.to(token_level_rewards.dtype)
-
-
-def mass_weights(
-    loss_mask: Tensor,
-    structure: StepwiseStructure,
-    *,
-    mass: str,
-    loss_reduction: str,
-    max_seq_len: int | None,
-    n_minibatches: int,
-) -> Tensor:
-    r"""Per-token weights W[R, L] of Mass Alignment over the whole step, times the number of mini-batches.
-
-    W = k·:func:`oma.core.token_weights` (reducer from ``loss_reduction``; Σ W = k): each trajectory
-    gets exactly its target share w_τ·k of the step's objective, wherever the mini-batch boundaries
-    fall, and each of the k optimizer steps carries a total of 1 on average, as under SkyRL's
-    per-mini-batch normaliser. Rows with no trainable token (SkyRL's padding) get 0.
-
-    ``loss_mask`` must be 0/1: the worker multiplies each token's loss by it.
-    """
-    check_option("mass", mass, ("uniform", "group"))
-    if n_minibatches < 1:
-        raise ValueError(f"n_minibatches must be >= 1, got {n_minibatches}")
-    trainable = loss_mask != 0
-    if not bool((trainable == (loss_mask == 1)).all()):
-        raise ValueError("loss_mask must be 0/1 with trainer.algorithm.oma.mass != native (SkyRL multiplies each "
-                         "token's loss by it, so other values would rescale oma's weights)")
-    reducer = REDUCER_OF_LOSS_REDUCTION[loss_reduction]
-    weights = core.token_weights(trainable, structure.group_index, structure.traj_index, reducer=reducer, mass=mass,
-                                 loss_scale_factor=float(max_seq_len) if reducer == "seq-mean-token-sum-norm" else None)
-    return weights * n_minibatches
-
-
-def write_audit_batch(audit_dir: str | os.PathLike, step: int, structure: StepwiseStructure, token_level_rewards: Tensor,
-                      loss_mask: Tensor, pad_size: int) -> Path:
-    """Write a step-wise training batch for ``oma audit`` (SkyRL's ``pad_size`` padding rows left out).
-
-    Columns: ``group_id`` (uid), ``traj_id``, ``step``, ``score`` (the trajectory's outcome on each
-    row) and ``response_tokens`` (Σ loss_mask), at ``<audit_dir>/batches/iter_<step>.parquet``.
-    """
-    from oma.batchfile import batch_path, write_batch
-
-    rows = len(structure.traj_index) - int(pad_size)
-    keep = slice(0, rows)
-    return write_batch(batch_path(audit_dir, step), group_index=structure.group_index[keep],
-                       traj_index=structure.traj_index[keep], step_index=structure.step_index[keep],
-                       scores=row_outcomes(token_level_rewards, structure)[keep], response_mask=loss_mask[keep] != 0)
+def check_binary(loss_mask: Tensor) -> None:
+    """Refuse a ``loss_mask`` other than 0/1 under Mass Alignment: SkyRL's worker multiplies each token's loss
+    by it, so other values would rescale oma's weights."""
+    if not bool(((loss_mask == 0) | (loss_mask == 1)).all()):
+        raise ValueError(f"loss_mask must be 0/1 with {KEY}.mass != native (SkyRL multiplies each token's loss by "
+                         "it, so other values would rescale oma's weights)")

@@ -1,19 +1,23 @@
 """Run Outcome-Mass Alignment inside verl 0.9.x (docs/verl.md).
 
-Two layers, both fed by :mod:`oma.core` (the math is never copied here):
+Two layers, both reading verl's data into the host contract, :mod:`oma.hosts` (the math is never
+copied here):
 
 * **Estimators** ``oma_grpo``, ``oma_rloo``, ``oma_gigpo``, registered into verl's
   ``core_algos`` advantage registry by the ``verl.plugins`` entry point. Options come from
-  ``algorithm.oma.*``. verl's stock estimator call passes no trajectory ids, so on their own they
-  give Outcome Alignment only when the caller passes ``traj_index``/``traj_uid`` (verl-agent-style
-  forks do), and refuse otherwise (or use ``accounting: row``). They never apply Mass Alignment.
+  ``algorithm.oma.*`` (:func:`oma.integrations.verl.options.host_options`). verl's stock estimator
+  call passes no trajectory ids, so on their own they give Outcome Alignment only when the caller
+  passes ``traj_index``/``traj_uid`` (verl-agent-style forks do), and refuse otherwise (or use
+  ``accounting: row``). They never apply Mass Alignment.
 * **Trainers** ``oma_sync``, ``oma_colocate_async``, ``oma_separate_async`` (select with
   ``trainer.v1.trainer_mode``): recover trajectories from verl's session keys
-  ``{uid}_{session_id}_{index}``, compute OA advantages over the step's batch and MA weights over
-  each PPO mini-batch, and fold the weights into the advantages. With
-  ``actor.loss_agg_mode=token-sum`` and a policy loss that is positively homogeneous in the
-  advantage (``vanilla`` PPO-clip incl. dual clip, ``gspo``), the update's objective is exactly
-  ``oma.core.weighted_loss``. Other combinations are refused at start-up.
+  ``{uid}_{session_id}_{index}``, compute OA advantages and MA weights over the step's batch
+  (:func:`oma.hosts.align`: also the ``oma/*`` metrics, and the batch under ``algorithm.oma.dump_dir``),
+  and fold the weights into the advantages. With ``actor.loss_agg_mode=token-sum`` and a policy loss
+  that is positively homogeneous in the advantage (``vanilla`` PPO-clip incl. dual clip, ``gspo``),
+  the update's objective is exactly ``oma.core.weighted_loss``. Other combinations, and a verl other
+  than 0.9.x, are refused at start-up; the verl privates they rely on are in
+  :mod:`oma.integrations.verl._verl_private`.
 
 Nothing heavy is imported here; :func:`status` imports verl on demand.
 """

@@ -1,13 +1,14 @@
-r"""Trainer-side OMA for verl: session keys → trajectories, OA advantages, MA weights over the step.
+r"""Trainer-side OMA for verl: verl's batch read into the host contract (:mod:`oma.hosts`), and its result
+laid out for verl's update.
 
-Pure functions (torch + :mod:`oma.core`; verl only for its seq-len balancer), used by
-:mod:`oma.integrations.verl.trainer` and testable without verl's trainer stack.
+Pure functions (torch + :mod:`oma.hosts`), used by :mod:`oma.integrations.verl.trainer_mixin` and
+testable without verl's trainer stack.
 
 **Where the ids come from.** verl's v1 agent loop stores every output under the key
 ``{uid}_{session_id}_{index}``: ``uid`` is the prompt (the GRPO *group*), ``session_id`` ∈ [0, n)
 one rollout of it (the *trajectory*), ``index`` the output's position in that session (the agent
-*step*). verl's own padding rows are keys ``pad<hex>_{i}_0`` with an empty response mask; they
-become trajectories with no trainable token and get no mass.
+*step*). verl's own padding rows (keys ``pad<hex>_{i}_0``, tag ``is_padding``, an empty response mask)
+are the step's ``copies``: no mass, no trajectory's place in the metrics or the dump.
 
 **How the objective is made exact.** verl's actor loss for a micro-batch is
 ``agg_loss(ℓ(A'), mask, loss_agg_mode, dp_size, ...)``. With ``loss_agg_mode=token-sum`` that is
@@ -29,19 +30,16 @@ into consecutive local mini-batches of ``ppo_mini_batch_size·n/dp_size`` rows; 
 ``i`` is the union of the ranks' ``i``-th pieces (:func:`minibatch_rows`). Those boundaries fall
 wherever verl's balancing put the rows, so a trajectory can lie in several mini-batches.
 
-**Where W is computed.** ``mass: native`` reproduces verl: the reducer over each PPO mini-batch,
-as verl normalises it. Mass Alignment (``uniform``, ``group``) computes W once over the **whole
-step** (:func:`oma.core.token_weights`, Σ W = 1, padding rows with no trainable token get none)
-and multiplies it by the number of mini-batches k, so each trajectory keeps exactly its intended
-share of the step's objective (w_τ·k, summed over the mini-batches it lies in) whatever the
-mini-batch boundaries, padding and data-parallel split, and each optimizer step carries a total
-of 1 on average, as under verl's per-mini-batch normalisation. (W computed per mini-batch would give
-a trajectory cut by a boundary the weight of a whole one in each part.) docs/verl.md#exact-mass.
+**Where W is computed.** :func:`oma.hosts.weights` with the step's mini-batches: ``mass: native``
+reproduces verl (the reducer over each PPO mini-batch, as verl normalises it); Mass Alignment
+(``uniform``, ``group``) computes W once over the **whole step**, times the number of mini-batches k,
+so each trajectory keeps exactly its share of the step's objective whatever the mini-batch boundaries,
+padding and data-parallel split (docs/verl.md#exact-mass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,60 +47,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from oma import core
-from oma.integrations.verl.options import OMAOptions, cfg_get, cfg_select
+from oma import core, hosts
+from oma.hosts import HostOptions, HostStep
+from oma.integrations.verl.options import cfg_get, cfg_select, host_options
 
 SUPPORTED_POLICY_LOSSES: tuple[str, ...] = ("vanilla", "gspo")
 """verl ``policy_loss.loss_mode`` values whose objective oma reproduces exactly (with a ``token_objective``)."""
 
 REQUIRED_LOSS_AGG_MODE = "token-sum"
-
-
-# --------------------------------------------------------------------------------------------- ids
-
-
-@dataclass(frozen=True)
-class SessionIds:
-    """Group / trajectory / step of every row, recovered from verl's session keys.
-
-    Attributes:
-        uids: the group uid of each row (the key's first field).
-        sessions: ``"{uid}_{session_id}"`` of each row (one trajectory).
-        group_index, traj_index, step_index: int64 [R] (dense ids; step = the key's output index).
-    """
-
-    uids: list[str]
-    sessions: list[str]
-    group_index: Tensor
-    traj_index: Tensor
-    step_index: Tensor
-
-
-def parse_session_keys(keys: Sequence[str]) -> SessionIds:
-    """Split verl v1 row keys ``{uid}_{session_id}_{index}`` (from the right, as verl does)."""
-    uids: list[str] = []
-    sessions: list[str] = []
-    steps: list[int] = []
-    for key in keys:
-        fields = str(key).rsplit("_", 2)
-        if len(fields) != 3:
-            raise ValueError(f"row key {key!r} is not verl's '{{uid}}_{{session_id}}_{{index}}'")
-        uid, session, index = fields
-        try:
-            step = int(index)
-        except ValueError:
-            raise ValueError(f"row key {key!r}: output index {index!r} is not an integer") from None
-        uids.append(uid)
-        sessions.append(f"{uid}_{session}")
-        steps.append(step)
-    group_ids: dict[str, int] = {}
-    traj_ids: dict[str, int] = {}
-    group_index = torch.tensor([group_ids.setdefault(u, len(group_ids)) for u in uids], dtype=torch.int64)
-    traj_index = torch.tensor([traj_ids.setdefault(s, len(traj_ids)) for s in sessions], dtype=torch.int64)
-    step_index = torch.tensor(steps, dtype=torch.int64)
-    if len(set(zip(sessions, steps, strict=True))) != len(steps):
-        raise ValueError("duplicated row key: the same {uid}_{session_id}_{index} appears twice in the batch")
-    return SessionIds(uids, sessions, group_index, traj_index, step_index)
 
 
 # ------------------------------------------------------------------------------------------ layout
@@ -126,28 +78,59 @@ def minibatch_rows(n_rows: int, dp_size: int, mini_batch_rows: int) -> list[Tens
     return [(rank_start + i * local + torch.arange(local)).reshape(-1) for i in range(per_rank // local)]
 
 
-# ------------------------------------------------------------------------------ advantages/weights
+# ----------------------------------------------------------------------------------- verl's batch
 
 
-@dataclass(frozen=True)
-class OMABatch:
-    """OMA quantities of one training step.
+def host_step(
+    keys: Sequence[str],
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    minibatches: list[Tensor] | None = None,
+    padding: Sequence[bool] | None = None,
+    anchor: Tensor | None = None,
+) -> HostStep:
+    """verl's batch in oma's ids (module docstring, *Where the ids come from*).
 
-    Attributes:
-        advantages: A·mask, [R, L] (the OA advantage broadcast over valid tokens; what ``returns`` gets).
-        weights: W, float64 [R, L]: :func:`step_weights` (MA: over the whole step, × mini-batches).
-        weighted_advantages: A·W, [R, L] in the rewards' dtype: what verl's update receives.
-        minibatches: row indices of each mini-batch the weights were computed on.
-        ids: the recovered :class:`SessionIds`.
-        metrics: scalar diagnostics (``oma/...``) for verl's logger.
+    Args:
+        keys: verl's row keys ``{uid}_{session_id}_{index}`` in batch order (split from the right, as
+            verl does): group ``uid``, trajectory ``{uid}_{session_id}``, step ``index``.
+        token_level_rewards: [R, L]; a row's score is their sum, as verl's outcome estimators take it.
+        response_mask: [R, L] (bool/int), the mask verl's loss will use.
+        minibatches: the rows of each PPO mini-batch (:func:`minibatch_rows`); None: one.
+        padding: verl's ``is_padding`` tag of each row: the step's copies.
+        anchor: int64 [R] state ids (``oma_gigpo``; :func:`prompt_anchor_ids`). GiGPO's step reward is
+            then the terminal one, each trajectory's score on its last step (verl has no per-step reward).
     """
+    from oma.integrations.verl.estimators import terminal_step_rewards
 
-    advantages: Tensor
-    weights: Tensor
-    weighted_advantages: Tensor
-    minibatches: list[Tensor]
-    ids: SessionIds
-    metrics: dict[str, float]
+    rows = token_level_rewards.shape[0]
+    if len(keys) != rows or tuple(response_mask.shape) != tuple(token_level_rewards.shape):
+        raise ValueError(f"batch mismatch: {len(keys)} keys, token_level_rewards {tuple(token_level_rewards.shape)}, "
+                         f"response_mask {tuple(response_mask.shape)}")
+    groups: dict[str, int] = {}
+    trajs: dict[str, int] = {}
+    group_index, traj_index, step_index = [], [], []
+    for key in keys:
+        fields = str(key).rsplit("_", 2)
+        if len(fields) != 3:
+            raise ValueError(f"row key {key!r} is not verl's '{{uid}}_{{session_id}}_{{index}}'")
+        uid, session, index = fields
+        try:
+            step_index.append(int(index))
+        except ValueError:
+            raise ValueError(f"row key {key!r}: output index {index!r} is not an integer") from None
+        group_index.append(groups.setdefault(uid, len(groups)))
+        traj_index.append(trajs.setdefault(f"{uid}_{session}", len(trajs)))
+    if len(set(zip(traj_index, step_index, strict=True))) != rows:
+        raise ValueError("duplicated row key: the same {uid}_{session_id}_{index} appears twice in the batch")
+    traj, step = torch.tensor(traj_index, dtype=torch.int64), torch.tensor(step_index, dtype=torch.int64)
+    scores = token_level_rewards.detach().sum(dim=-1).cpu().to(torch.float64)
+    return HostStep(group_index=torch.tensor(group_index, dtype=torch.int64), traj_index=traj, scores=scores,
+                    response_mask=response_mask.detach().cpu().bool(), step_index=step, anchor=anchor,
+                    step_rewards=None if anchor is None else terminal_step_rewards(scores, traj, step),
+                    minibatches=minibatches,
+                    copies=None if padding is None else torch.tensor([bool(p) for p in padding], dtype=torch.bool))
 
 
 def prompt_anchor_ids(prompts: Sequence[Any]) -> Tensor:
@@ -161,6 +144,25 @@ def prompt_anchor_ids(prompts: Sequence[Any]) -> Tensor:
     return core.anchor_ids(digests)
 
 
+@dataclass(frozen=True)
+class OMABatch:
+    """One training step's OMA quantities, laid out for verl's update.
+
+    Attributes:
+        step: the batch in oma's ids (:func:`host_step`).
+        advantages: A·mask, [R, L] in the rewards' dtype (what ``returns`` gets).
+        weights: W, float64 [R, L] (:func:`oma.hosts.weights`).
+        weighted_advantages: A·W, [R, L] in the rewards' dtype: what verl's update receives.
+        metrics: the ``oma/*`` metrics (:func:`oma.hosts.metrics`).
+    """
+
+    step: HostStep
+    advantages: Tensor
+    weights: Tensor
+    weighted_advantages: Tensor
+    metrics: dict[str, float]
+
+
 def compute_oma_batch(
     token_level_rewards: Tensor,
     response_mask: Tensor,
@@ -169,109 +171,45 @@ def compute_oma_batch(
     *,
     dp_size: int = 1,
     mini_batch_rows: int | None = None,
+    padding: Sequence[bool] | None = None,
     anchor: Tensor | None = None,
     loss_scale_factor: float | None = None,
-    estimator_fn: Callable[..., tuple[Tensor, Tensor]] | None = None,
+    iteration: int | None = None,
 ) -> OMABatch:
-    """OA advantages and MA weights over the whole step, for verl's update (module docstring).
+    """OA advantages and MA weights of one step (:func:`oma.hosts.align`), for verl's update.
 
     Args:
-        token_level_rewards: [R, L] (row score = sum over L, as verl's outcome estimators).
-        response_mask: [R, L] (bool/int), the mask verl's loss will use.
-        keys: verl's row keys ``{uid}_{session_id}_{index}`` in batch order.
+        token_level_rewards: [R, L] (:func:`host_step`).
+        response_mask: [R, L], the mask verl's loss will use.
+        keys: verl's row keys in batch order.
         algorithm_config: verl's ``algorithm`` node (``adv_estimator`` ∈ oma_*, ``algorithm.oma``).
         dp_size: the actor's data-parallel size.
         mini_batch_rows: rows per PPO mini-batch (``ppo_mini_batch_size·rollout.n``); None = one
             mini-batch.
-        anchor: int64 [R] state ids, needed by ``oma_gigpo`` (see :func:`prompt_anchor_ids`).
+        padding: verl's ``is_padding`` tag of each row.
+        anchor: int64 [R] state ids (``oma_gigpo``).
         loss_scale_factor: L_norm for ``reducer: seq-mean-token-sum-norm`` when ``algorithm.oma``
             sets none (the trainer passes ``actor.loss_scale_factor``).
-        estimator_fn: the registered estimator (the trainer passes verl's registry entry); default
-            oma's function of that name.
+        iteration: the step's number, naming its file under ``algorithm.oma.dump_dir``.
     """
     from oma.integrations.verl import ESTIMATOR_NAMES
-    from oma.integrations.verl.estimators import ESTIMATOR_FUNCTIONS
 
     estimator = str(cfg_get(algorithm_config, "adv_estimator", ""))
     if estimator not in ESTIMATOR_NAMES:
         raise ValueError(f"algorithm.adv_estimator must be one of {list(ESTIMATOR_NAMES)} for oma's trainer, got {estimator!r}")
-    options = OMAOptions.from_algorithm_config(algorithm_config).with_loss_scale_factor(loss_scale_factor)
-    if estimator_fn is None:
-        estimator_fn = ESTIMATOR_FUNCTIONS[estimator]
+    if estimator == "oma_gigpo" and anchor is None:
+        raise ValueError("oma_gigpo needs anchor ids (the trainer derives them from the rows' prompts)")
+    options = host_options(algorithm_config, loss_scale_factor=loss_scale_factor)
     rows = token_level_rewards.shape[0]
-    if len(keys) != rows or tuple(response_mask.shape) != tuple(token_level_rewards.shape):
-        raise ValueError(
-            f"batch mismatch: {len(keys)} keys, token_level_rewards {tuple(token_level_rewards.shape)}, "
-            f"response_mask {tuple(response_mask.shape)}"
-        )
-    ids = parse_session_keys(keys)
-    extra: dict[str, Any] = {"traj_index": ids.sessions, "step_index": ids.step_index}
-    if estimator == "oma_gigpo":
-        if anchor is None:
-            raise ValueError("oma_gigpo needs anchor ids (the trainer derives them from the rows' prompts)")
-        extra["anchor"] = anchor
-    adv, _ = estimator_fn(
-        token_level_rewards=token_level_rewards,
-        response_mask=response_mask,
-        index=np.array(ids.uids, dtype=object),
-        config=algorithm_config,
-        oma_mass_applied=True,
-        **extra,
-    )
-    mask = response_mask.detach().cpu().bool()
-    chunks = [torch.arange(rows)] if mini_batch_rows is None else minibatch_rows(rows, dp_size, mini_batch_rows)
-    weights = step_weights(mask, ids, chunks, options)
-    weighted = (adv.detach().cpu().to(torch.float64) * weights).to(dtype=token_level_rewards.dtype)
-    metrics = _metrics(token_level_rewards, mask, ids, weights, options, len(chunks))
-    return OMABatch(
-        advantages=adv,
-        weights=weights,
-        weighted_advantages=weighted.to(token_level_rewards.device),
-        minibatches=chunks,
-        ids=ids,
-        metrics=metrics,
-    )
-
-
-def step_weights(mask: Tensor, ids: SessionIds, minibatches: list[Tensor], options: OMAOptions) -> Tensor:
-    """W [R, L] float64 for one training step (module docstring, *Where W is computed*).
-
-    ``native``: :func:`oma.core.token_weights` on each mini-batch (verl's own normaliser).
-    ``uniform`` / ``group``: on the whole step, times the number of mini-batches.
-    """
-    def weights_of(idx: Tensor | slice) -> Tensor:
-        return core.token_weights(mask[idx], ids.group_index[idx], ids.traj_index[idx], reducer=options.reducer,
-                                  mass=options.mass, loss_scale_factor=options.loss_scale_factor)
-
-    if options.mass != "native":
-        return weights_of(slice(None)) * len(minibatches)
-    weights = torch.zeros(mask.shape, dtype=torch.float64)
-    for idx in minibatches:
-        weights[idx] = weights_of(idx)
-    return weights
-
-
-def _metrics(rewards: Tensor, mask: Tensor, ids: SessionIds, weights: Tensor, options: OMAOptions, n_mb: int) -> dict[str, float]:
-    active = mask.any(-1)
-    out: dict[str, float] = {"oma/optimizer_steps": float(n_mb)}
-    if not bool(active.any()):
-        return out
-    structure = core.batch_structure(ids.group_index[active], ids.traj_index[active])
-    traj = structure.traj
-    rows_per_traj = traj.counts.to(torch.float64)
-    mass = core.segment_sum(weights[active].sum(-1), traj.inverse, traj.n)
-    out["oma/trajectories"] = float(traj.n)
-    out["oma/rows_per_trajectory/mean"] = float(rows_per_traj.mean())
-    out["oma/rows_per_trajectory/max"] = float(rows_per_traj.max())
-    if float(mass.sum()) > 0:
-        out["oma/effective_trajectories"] = float(mass.sum() ** 2 / (mass * mass).sum())  # Kish, docs/audit.md
-    stats = core.group_outcome_stats(
-        rewards.detach().cpu().sum(-1).to(torch.float64)[active], ids.group_index[active], ids.traj_index[active],
-        accounting=options.accounting, structure=structure,
-    )
-    out["oma/degenerate_groups"] = float(stats.degenerate.sum())
-    out["oma/groups"] = float(stats.group_ids.shape[0])
-    return out
+    layout = None if mini_batch_rows is None else minibatch_rows(rows, dp_size, mini_batch_rows)
+    step = host_step(keys, token_level_rewards, response_mask, minibatches=layout, padding=padding, anchor=anchor)
+    result = hosts.align(step, options, iteration=iteration)
+    dtype = token_level_rewards.dtype
+    adv = result.adv.to(dtype).unsqueeze(-1) * step.response_mask.to(dtype)
+    weighted = (adv.to(torch.float64) * result.weights).to(dtype)
+    device = token_level_rewards.device
+    return OMABatch(step=step, advantages=adv.to(device), weights=result.weights,
+                    weighted_advantages=weighted.to(device), metrics=result.metrics)
 
 
 # ------------------------------------------------------------------------------------ config checks
@@ -281,8 +219,9 @@ class UnsupportedConfigError(ValueError):
     """A verl configuration under which oma's trainer could not reproduce the OMA objective exactly."""
 
 
-def check_trainer_config(config: Any) -> OMAOptions:
-    """Validate a full verl config for oma's trainer; return the OMA options. Raises on any refusal.
+def check_trainer_config(config: Any) -> HostOptions:
+    """Validate a full verl config for oma's trainer; return the OMA options (:func:`host_options`, whose
+    bad keys and values are refused as :class:`oma.hosts.HostConfigError`). Raises on any refusal.
 
     Refused (each with the reason in the message):
 
@@ -353,4 +292,4 @@ def check_trainer_config(config: Any) -> OMAOptions:
             "oma's verl trainer refuses this configuration (the objective would not equal "
             "oma.core.weighted_loss):\n  - " + "\n  - ".join(problems)
         )
-    return OMAOptions.from_algorithm_config(algorithm)
+    return host_options(algorithm, loss_scale_factor=cfg_get(actor, "loss_scale_factor", None))

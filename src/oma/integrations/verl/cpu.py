@@ -28,7 +28,7 @@ import torch
 from verl.plugin.platform.platform_base import PlatformBase
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-from oma.integrations.verl import _hooks
+from oma.integrations.verl import _hooks, _verl_private
 
 MODULE = "oma.integrations.verl.cpu"
 PLATFORM = "cpu"
@@ -181,8 +181,7 @@ class PlatformCPU(PlatformBase):
 def _register_engine(module) -> None:
     from verl.workers.engine.base import EngineRegistry
 
-    registry = EngineRegistry._engines.get("language_model", {})
-    if all(PLATFORM in registry.get(b, {}) for b in ("fsdp", "fsdp2")):
+    if _verl_private.engine_registered(EngineRegistry, "language_model", ("fsdp", "fsdp2"), PLATFORM):
         return
     EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device=PLATFORM)(
         module.FSDPEngineWithLMHead
@@ -190,7 +189,7 @@ def _register_engine(module) -> None:
 
 
 def _register_rollout_adapter(module) -> None:
-    module._ROLLOUT_REGISTRY[("hf", "async")] = "oma.integrations.verl.hf_rollout.HFServerAdapter"
+    _verl_private.register_rollout(module, "hf", "oma.integrations.verl.hf_rollout.HFServerAdapter")
 
 
 def _register_replica(module) -> None:
@@ -218,7 +217,9 @@ def _single_backend(module) -> None:
 
 
 def install() -> None:
-    """Register the engine and the ``hf`` rollout when verl imports their registries (idempotent)."""
+    """Register the engine and the ``hf`` rollout when verl imports their registries (idempotent); refuse a
+    verl other than 0.9.x, whose privates these registrations use."""
+    _verl_private.check_version()
     _hooks.when_imported("verl.utils.distributed", _single_backend)
     _hooks.when_imported("verl.workers.engine.fsdp.transformer_impl", _register_engine)
     _hooks.when_imported("verl.workers.rollout.base", _register_rollout_adapter)

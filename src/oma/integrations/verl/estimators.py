@@ -1,9 +1,10 @@
 r"""OMA advantage estimators for verl's registry: ``oma_grpo``, ``oma_rloo``, ``oma_gigpo``.
 
-Each is a thin converter from verl's data to one :mod:`oma.core` call
-(:func:`oma.core.outcome_advantages` / :func:`oma.core.gigpo_advantages`); the result is
-broadcast over the response tokens, ``A[r]·response_mask[r, l]``, and returned as
-``(advantages, returns)`` like verl's own outcome estimators.
+Each is a thin converter from verl's data to the host contract: it reads the call's arguments into
+an :class:`oma.hosts.HostStep` and ``algorithm.oma`` into :class:`oma.hosts.HostOptions`, and calls
+:func:`oma.hosts.advantages`; the result is broadcast over the response tokens,
+``A[r]·response_mask[r, l]``, and returned as ``(advantages, returns)`` like verl's own outcome
+estimators.
 
 **What verl passes, and what these estimators do with it.** verl 0.9.1 calls a registered
 estimator with ``token_level_rewards``, ``response_mask``, ``config`` (the ``algorithm`` node) and,
@@ -45,8 +46,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from oma import core
-from oma.integrations.verl.options import OMAOptions, cfg_get
+from oma import core, hosts
+from oma.hosts import HostOptions, HostStep
+from oma.integrations.verl.options import cfg_get, host_options
 
 
 def dense_ids(values: Any, *, name: str = "ids") -> Tensor:
@@ -71,23 +73,6 @@ def terminal_step_rewards(scores: Tensor, traj_index: Tensor, step_index: Tensor
     return torch.where(step_index.to(torch.int64) == last[traj], scores, torch.zeros_like(scores))
 
 
-def final_row_scores(scores: Tensor, traj_index: Tensor, step_index: Tensor) -> Tensor:
-    """Every row gets the score of its trajectory's last row (largest ``step_index``): verl's outcome rule."""
-    traj = torch.unique(traj_index, return_inverse=True)[1]
-    final = torch.zeros(int(traj.max()) + 1 if traj.numel() else 0, dtype=scores.dtype)
-    final = final.index_add(0, traj, terminal_step_rewards(scores, traj_index, step_index))
-    return final[traj]
-
-
-def _outcome_scores(scores: Tensor, options: OMAOptions, groups: Tensor, traj_index: Tensor, step_index: Any) -> Tensor:
-    """The row scores the estimator uses under ``algorithm.oma.outcome`` (``mean``: as given)."""
-    if options.outcome == "mean":
-        return scores
-    if step_index is None:  # the rows of a trajectory arrive in step order
-        step_index = core.batch_structure(groups, traj_index).position_in_trajectory()
-    return final_row_scores(scores, traj_index, torch.as_tensor(step_index, dtype=torch.int64).cpu())
-
-
 def _lookup(kwargs: dict, non_tensor_batch: Any, *names: str) -> Any:
     for name in names:
         if kwargs.get(name) is not None:
@@ -99,7 +84,7 @@ def _lookup(kwargs: dict, non_tensor_batch: Any, *names: str) -> Any:
     return None
 
 
-def _mass_guard(options: OMAOptions, estimator: str, applied: bool) -> None:
+def _mass_guard(options: HostOptions, estimator: str, applied: bool) -> None:
     if options.mass != "native" and not applied:
         raise ValueError(
             f"{estimator}: algorithm.oma.mass={options.mass!r} asks for Mass Alignment, which is not an "
@@ -134,12 +119,22 @@ def _trajectories(groups: Tensor, traj: Any, estimator: str) -> Tensor:
     return dense_ids(list(zip(groups.tolist(), traj_ids.tolist(), strict=True)))
 
 
-def _broadcast(adv_rows: Tensor, response_mask: Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
+def _step_index(kwargs: dict, non_tensor_batch: Any, groups: Tensor, traj_index: Tensor) -> Tensor:
+    """The caller's ``step_index``, else the rows' order inside their trajectory (they arrive in step order)."""
+    step_index = _lookup(kwargs, non_tensor_batch, "step_index")
+    if step_index is None:
+        return core.batch_structure(groups, traj_index).position_in_trajectory()
+    return torch.as_tensor(step_index, dtype=torch.int64).cpu()
+
+
+def _advantages(step: HostStep, options: HostOptions, response_mask: Tensor, like: Tensor) -> tuple[Tensor, Tensor]:
+    with torch.no_grad():
+        adv_rows = hosts.advantages(step, options)
     adv = adv_rows.to(device=like.device, dtype=like.dtype).unsqueeze(-1) * response_mask.to(like.dtype)
     return adv, adv
 
 
-def _episode_estimator(estimator: str, name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+def _episode_estimator(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
     def compute(
         token_level_rewards: Tensor,
         response_mask: Tensor,
@@ -150,7 +145,7 @@ def _episode_estimator(estimator: str, name: str) -> Callable[..., tuple[Tensor,
         oma_mass_applied: bool = False,
         **kwargs: Any,
     ) -> tuple[Tensor, Tensor]:
-        options = OMAOptions.from_algorithm_config(config)
+        options = host_options(config, estimator=name)
         _mass_guard(options, name, oma_mass_applied)
         scores = token_level_rewards.detach().sum(dim=-1).cpu().to(torch.float64)
         rows = scores.shape[0]
@@ -162,25 +157,21 @@ def _episode_estimator(estimator: str, name: str) -> Callable[..., tuple[Tensor,
             traj_index = torch.arange(rows, dtype=torch.int64)
         else:
             traj_index = _trajectories(groups, traj, name)
-        scores = _outcome_scores(scores, options, groups, traj_index, _lookup(kwargs, non_tensor_batch, "step_index"))
-        with torch.no_grad():
-            adv = core.outcome_advantages(
-                scores, groups, traj_index, accounting=options.accounting, estimator=estimator,
-                norm_by_std=options.norm_by_std, eps=options.eps,
-            )
-        return _broadcast(adv, response_mask, token_level_rewards)
+        step = HostStep(group_index=groups, traj_index=traj_index, scores=scores, response_mask=response_mask != 0,
+                        step_index=_step_index(kwargs, non_tensor_batch, groups, traj_index))
+        return _advantages(step, options, response_mask, token_level_rewards)
 
     compute.__name__ = f"compute_{name}_advantage"
     compute.__qualname__ = compute.__name__
     compute.__doc__ = (
-        f"verl advantage estimator ``{name}``: :func:`oma.core.outcome_advantages` with "
-        f"``estimator={estimator!r}`` and ``algorithm.oma`` options; see the module docstring."
+        f"verl advantage estimator ``{name}``: :func:`oma.hosts.advantages` with the estimator "
+        f"``{name.removeprefix('oma_')}`` and ``algorithm.oma`` options; see the module docstring."
     )
     return compute
 
 
-compute_oma_grpo_advantage = _episode_estimator("grpo", "oma_grpo")
-compute_oma_rloo_advantage = _episode_estimator("rloo", "oma_rloo")
+compute_oma_grpo_advantage = _episode_estimator("oma_grpo")
+compute_oma_rloo_advantage = _episode_estimator("oma_rloo")
 
 
 def compute_oma_gigpo_advantage(
@@ -193,14 +184,14 @@ def compute_oma_gigpo_advantage(
     oma_mass_applied: bool = False,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor]:
-    """verl advantage estimator ``oma_gigpo``: :func:`oma.core.gigpo_advantages`; see the module docstring.
+    """verl advantage estimator ``oma_gigpo``: :func:`oma.hosts.advantages` with GiGPO; see the module docstring.
 
     Extra keywords (or ``non_tensor_batch`` entries): ``traj_index``/``traj_uid`` (required, also
     under row accounting: step returns run inside trajectories), ``anchor`` (int ids) or
     ``anchor_obs`` (state strings) (required), ``step_rewards`` [R] and ``step_index`` [R] (optional).
     """
     name = "oma_gigpo"
-    options = OMAOptions.from_algorithm_config(config)
+    options = host_options(config, estimator=name)
     _mass_guard(options, name, oma_mass_applied)
     scores = token_level_rewards.detach().sum(dim=-1).cpu().to(torch.float64)
     rows = scores.shape[0]
@@ -218,25 +209,14 @@ def compute_oma_gigpo_advantage(
                 "or oma's trainer (trainer.v1.trainer_mode=oma_sync), which anchors on the row's prompt"
             )
         anchor = core.anchor_ids([str(s) for s in (obs.tolist() if isinstance(obs, np.ndarray) else obs)])
-    anchor = torch.as_tensor(anchor, dtype=torch.int64).cpu()
-    step_index = _lookup(kwargs, non_tensor_batch, "step_index")
-    structure = core.batch_structure(groups, traj_index)
-    if step_index is None:  # the rows of a trajectory arrive in step order
-        step_index = structure.position_in_trajectory()
-    else:
-        step_index = torch.as_tensor(step_index, dtype=torch.int64).cpu()
-    scores = _outcome_scores(scores, options, groups, traj_index, step_index)
+    step_index = _step_index(kwargs, non_tensor_batch, groups, traj_index)
     step_rewards = _lookup(kwargs, non_tensor_batch, "step_rewards")
-    if step_rewards is None:
+    if step_rewards is None:  # the terminal reward: the trajectory's final score on its last step (either outcome rule)
         step_rewards = terminal_step_rewards(scores, traj_index, step_index)
-    step_rewards = torch.as_tensor(step_rewards).detach().to(torch.float64).cpu().reshape(rows)
-    with torch.no_grad():
-        adv = core.gigpo_advantages(
-            scores, step_rewards, anchor, groups, traj_index, step_index,
-            accounting=options.accounting, norm_by_std=options.norm_by_std, gamma=options.gamma,
-            step_advantage_w=options.step_advantage_w, eps=options.eps, structure=structure,
-        )
-    return _broadcast(adv, response_mask, token_level_rewards)
+    step = HostStep(group_index=groups, traj_index=traj_index, scores=scores, response_mask=response_mask != 0,
+                    step_index=step_index, anchor=torch.as_tensor(anchor, dtype=torch.int64).cpu(),
+                    step_rewards=torch.as_tensor(step_rewards).detach().to(torch.float64).cpu().reshape(rows))
+    return _advantages(step, options, response_mask, token_level_rewards)
 
 
 ESTIMATOR_FUNCTIONS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {

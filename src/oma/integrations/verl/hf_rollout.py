@@ -28,6 +28,8 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from oma.integrations.verl import _verl_private
+
 
 def server_name(replica_rank: int) -> str:
     return f"oma_hf_server_{replica_rank}"
@@ -158,8 +160,7 @@ class HFReplica(RolloutReplica):
             seed=self.replica_rank,
         )
         self.servers = [server]
-        self._server_handle = server
-        self._server_address = name
+        _verl_private.set_replica_server(self, server, name)
 
 
 class HFServerAdapter(BaseRollout):

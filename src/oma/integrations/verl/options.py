@@ -1,30 +1,27 @@
-"""``algorithm.oma.*``: the OMA options of a verl run, with their defaults.
+"""``algorithm.oma.*``: the OMA options of a verl run, read into :class:`oma.hosts.HostOptions`
+(docs/verl.md#configuration-reference).
 
-| key | default | meaning |
-|---|---|---|
-| ``accounting`` | ``trajectory`` | outcome statistics over unique trajectories (OA) or rows (``row``, verl/verl-agent baseline) |
-| ``mass`` | ``uniform`` | trajectory mass target of Mass Alignment: ``uniform`` (1/T), ``group`` (1/(G·|𝒯_g|)), ``native`` (off) |
-| ``reducer`` | ``token-mean`` | the optimizer's native aggregation *inside* a trajectory (verl ``loss_agg_mode`` names) |
-| ``norm_by_std`` | ``algorithm.norm_adv_by_std_in_grpo`` (verl default true) | divide by the group std (grpo/gigpo) |
-| ``gamma`` | ``0.95`` | GiGPO step-return discount γ |
-| ``step_advantage_w`` | ``1.0`` | GiGPO step-advantage weight ω |
-| ``eps`` | ``1e-6`` | ε of the std normaliser (verl's value) |
-| ``loss_scale_factor`` | ``actor.loss_scale_factor``, else the batch's padded response length | L_norm of ``seq-mean-token-sum-norm`` |
-| ``outcome`` | ``mean`` | a trajectory's outcome: the ``mean`` of its rows' scores (oma.core's R_τ), or the score of its ``final`` row (verl's rule: the reward on the last turn; they differ when a reward model scores every row, or under ``use_kl_in_reward``) |
+The keys are the contract's (:class:`oma.hosts.HostOptions`), refused by name when unknown or out of range,
+with verl's defaults where verl already says it:
 
-Unknown keys under ``algorithm.oma`` are an error (a typo must not silently fall back to a default).
+* ``norm_by_std``: ``algorithm.norm_adv_by_std_in_grpo`` (verl's default true);
+* ``loss_scale_factor``: ``actor.loss_scale_factor`` (the trainer passes it), else the batch's padded length;
+* ``estimator`` is not a key here: ``algorithm.adv_estimator`` names it (``oma_grpo`` → ``grpo``, ...).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
 from typing import Any
 
-_MISSING = object()
+from oma.hosts import HostOptions
 
-OUTCOMES: tuple[str, ...] = ("mean", "final")
-"""``algorithm.oma.outcome``: a trajectory's outcome from its rows' scores (module docstring)."""
+KEY = "algorithm.oma"
+
+ESTIMATOR_OF: dict[str, str] = {"oma_grpo": "grpo", "oma_rloo": "rloo", "oma_gigpo": "gigpo"}
+"""verl's ``algorithm.adv_estimator`` (oma's registered names) → the contract's estimator."""
+
+_MISSING = object()
 
 
 def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
@@ -50,66 +47,27 @@ def cfg_select(cfg: Any, dotted: str, default: Any = None) -> Any:
     return node
 
 
-@dataclass(frozen=True)
-class OMAOptions:
-    """Validated OMA options of one run (see the module docstring for each key)."""
+def host_options(algorithm: Any, *, estimator: str | None = None, loss_scale_factor: float | None = None) -> HostOptions:
+    """The options of ``algorithm.oma`` (module docstring).
 
-    accounting: str = "trajectory"
-    mass: str = "uniform"
-    reducer: str = "token-mean"
-    norm_by_std: bool = True
-    gamma: float = 0.95
-    step_advantage_w: float = 1.0
-    eps: float = 1e-6
-    loss_scale_factor: float | None = None
-    outcome: str = "mean"
-
-    def __post_init__(self) -> None:
-        from oma.core import ACCOUNTINGS, MASSES, REDUCERS
-
-        for name, value, allowed in (
-            ("accounting", self.accounting, ACCOUNTINGS),
-            ("mass", self.mass, MASSES),
-            ("reducer", self.reducer, REDUCERS),
-            ("outcome", self.outcome, OUTCOMES),
-        ):
-            if value not in allowed:
-                raise ValueError(f"algorithm.oma.{name} must be one of {list(allowed)}, got {value!r}")
-        if not 0.0 <= float(self.gamma) <= 1.0:
-            raise ValueError(f"algorithm.oma.gamma must be in [0, 1], got {self.gamma}")
-        if float(self.step_advantage_w) < 0.0:
-            raise ValueError(f"algorithm.oma.step_advantage_w must be >= 0, got {self.step_advantage_w}")
-        if float(self.eps) < 0.0:
-            raise ValueError(f"algorithm.oma.eps must be >= 0, got {self.eps}")
-        if self.loss_scale_factor is not None and not float(self.loss_scale_factor) > 0:
-            raise ValueError(f"algorithm.oma.loss_scale_factor must be > 0 or null, got {self.loss_scale_factor}")
-
-    @classmethod
-    def from_algorithm_config(cls, algorithm: Any) -> OMAOptions:
-        """Read ``algorithm.oma`` (and ``algorithm.norm_adv_by_std_in_grpo``) from a verl algorithm config.
-
-        ``algorithm`` may be an OmegaConf node, a dict, verl's ``AlgoConfig`` or None (all defaults).
-        """
-        node = cfg_get(algorithm, "oma", None)
-        known = {f.name for f in fields(cls)}
-        given: dict[str, Any] = {}
-        if node is not None:
-            keys = list(node.keys()) if hasattr(node, "keys") else [k for k in vars(node) if not k.startswith("_")]
-            unknown = sorted(str(k) for k in keys if k not in known)
-            if unknown:
-                raise ValueError(f"unknown key(s) under algorithm.oma: {unknown}; known: {sorted(known)}")
-            for key in keys:
-                value = cfg_get(node, key)
-                if value is not None:
-                    given[str(key)] = value
-        if "norm_by_std" not in given:
-            given["norm_by_std"] = bool(cfg_get(algorithm, "norm_adv_by_std_in_grpo", True))
-        for key in ("gamma", "step_advantage_w", "eps", "loss_scale_factor"):
-            if key in given:
-                given[key] = float(given[key])
-        if "norm_by_std" in given:
-            given["norm_by_std"] = bool(given["norm_by_std"])
-        return cls(**given)
-
-    def with_loss_scale_factor(self, value: float | None) -> OMAOptions:
-        return self if self.loss_scale_factor is not None or value is None else replace(self, loss_scale_factor=float(value))
+    Args:
+        algorithm: verl's ``algorithm`` node: an OmegaConf node, a dict, verl's ``AlgoConfig`` or None.
+        estimator: the registered name the options are for (an estimator knows its own); default
+            ``algorithm.adv_estimator``.
+        loss_scale_factor: L_norm when ``algorithm.oma`` sets none (``actor.loss_scale_factor``).
+    """
+    node = cfg_get(algorithm, "oma", None)
+    if node is None:
+        keys = []
+    else:  # an OmegaConf node or a dict, or a dataclass
+        keys = list(node.keys()) if hasattr(node, "keys") else [k for k in vars(node) if not k.startswith("_")]
+    defaults: dict[str, Any] = {"norm_by_std": bool(cfg_get(algorithm, "norm_adv_by_std_in_grpo", True))}
+    name = estimator or cfg_get(algorithm, "adv_estimator", None)
+    if name in ESTIMATOR_OF:
+        defaults["estimator"] = ESTIMATOR_OF[name]
+    if loss_scale_factor is not None:
+        defaults["loss_scale_factor"] = float(loss_scale_factor)
+    return HostOptions.from_mapping(
+        {str(k): cfg_get(node, k) for k in keys}, prefix=KEY,
+        refused={"estimator": f"is not an option: algorithm.adv_estimator names it ({', '.join(ESTIMATOR_OF)})"},
+        **defaults)

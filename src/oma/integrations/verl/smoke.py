@@ -13,8 +13,11 @@ Metrics are means over the steps. ``staleness`` is verl's ``training/off_policy/
 0 means every row was generated with the weights of the step before, so the rollout received
 every update.
 
+With ``--dump-dir DIR`` oma's trainer writes each step's batch to ``DIR/batches/`` (``algorithm.oma.dump_dir``),
+which ``oma audit DIR --all`` reads.
+
 Exit status 0 when every step ran, oma's trainer announced itself and every logged loss is finite;
-1 otherwise (the log's path is in the JSON line); 2 for bad arguments or a missing install.
+1 otherwise (the log's path is in the JSON line); 2 for bad arguments, a missing install or another verl.
 """
 
 from __future__ import annotations
@@ -72,12 +75,17 @@ def _parser() -> argparse.ArgumentParser:
         "the native baseline (timing comparisons)",
     )
     p.add_argument("--out", default=None, help="work folder (model, data, train.log); default: a temporary one")
+    p.add_argument("--dump-dir", default=None, metavar="DIR",
+                   help="write each step's batch to DIR/batches/ (algorithm.oma.dump_dir) for `oma audit DIR --all`")
     p.add_argument("--timeout", type=int, default=900, help="seconds before the run is stopped (default 900)")
     return p
 
 
 def check_install() -> None:
-    """Refuse early, with the fix, when verl's trainer stack is missing."""
+    """Refuse early, with the fix, when verl's trainer stack is missing or verl is not 0.9.x."""
+    from oma.hosts import HostConfigError
+    from oma.integrations.verl import _verl_private
+
     missing = []
     for module in ("verl", "ray", "transfer_queue", "zmq", "msgspec", "fastapi", "uvicorn"):
         try:
@@ -86,10 +94,14 @@ def check_install() -> None:
             missing.append(module)
     if missing:
         raise SmokeError(f"needs verl's trainer stack (missing: {', '.join(missing)}): pip install 'oma-rl[verl]'")
+    try:
+        _verl_private.check_version()
+    except HostConfigError as err:
+        raise SmokeError(str(err)) from None
 
 
 def overrides(work: Path, steps: int, dp: int, accounting: str, mass: str, estimator: str,
-              trainer: str = "oma") -> list[str]:
+              trainer: str = "oma", dump_dir: str | None = None) -> list[str]:
     """The verl config of the smoke run (Hydra overrides of verl's ``ppo_trainer``)."""
     from oma.integrations.verl import cpu
 
@@ -98,6 +110,8 @@ def overrides(work: Path, steps: int, dp: int, accounting: str, mass: str, estim
         algorithm = [f"algorithm.adv_estimator={estimator}", f"+algorithm.oma.accounting={accounting}",
                      f"+algorithm.oma.mass={mass}", "+algorithm.oma.reducer=token-mean",
                      "actor_rollout_ref.actor.loss_agg_mode=token-sum", "trainer.v1.trainer_mode=oma_sync"]
+        if dump_dir is not None:
+            algorithm.append(f"+algorithm.oma.dump_dir='{Path(dump_dir).resolve()}'")
     else:  # verl's own: the baseline oma's trainer is timed against
         algorithm = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.loss_agg_mode=token-mean",
                      "trainer.v1.trainer_mode=sync"]
@@ -178,7 +192,7 @@ def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     )
     env = {**os.environ, **cpu.environment(), "PYTHONUNBUFFERED": "1", "RAY_DEDUP_LOGS": "0"}
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
-           *overrides(work, args.steps, args.dp, args.accounting, args.mass, args.estimator, args.trainer)]
+           *overrides(work, args.steps, args.dp, args.accounting, args.mass, args.estimator, args.trainer, args.dump_dir)]
     log = work / "train.log"
     t0 = time.perf_counter()
     with log.open("w", encoding="utf-8") as fh:
@@ -208,6 +222,8 @@ def main(argv: list[str]) -> int:
             raise SmokeError(f"--steps must be ≥ 1, got {args.steps}")
         if args.timeout < 1:
             raise SmokeError(f"--timeout must be ≥ 1 second, got {args.timeout}")
+        if args.dump_dir is not None and args.trainer != "oma":
+            raise SmokeError("--dump-dir writes what oma's trainer trains (algorithm.oma.dump_dir): use it with --trainer oma")
         check_install()
     except SmokeError as err:
         print(f"oma verl-smoke: error: {err}", file=sys.stderr)

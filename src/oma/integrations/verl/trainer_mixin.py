@@ -1,20 +1,22 @@
 r"""The trajectory-aware part of oma's verl trainers, as a mixin over verl's v1 ``PPOTrainer``.
 
-Overrides three things of ``verl.trainer.ppo.v1.trainer_base.PPOTrainer`` (verl 0.9.1):
+Changes three things of ``verl.trainer.ppo.v1.trainer_base.PPOTrainer`` (verl 0.9.1):
 
 * ``trainer_mode`` reads as the verl mode the class extends (``sync`` …), so verl's mode-specific
   code (replay buffer, ``trainer.v1.<mode>`` options, checkpoints) behaves exactly as for that mode
   while ``trainer.v1.trainer_mode`` selects ``oma_sync`` (…) by name;
-* ``_compute_old_log_prob``: verl's, with the ``actor/entropy`` metric divided by the step's
-  tokens (verl aggregates it with ``loss_agg_mode=token-sum``, so it would be a sum);
-* ``_compute_advantage``: verl's steps (KL-in-reward, rollout correction, write-back) unchanged;
-  the advantage is :func:`oma.integrations.verl.batch.compute_oma_batch` — OA over the step's
-  batch, MA weights over the step (exact whatever the mini-batch boundaries), ``advantages = A·W``
-  and ``returns = A`` (so verl's
+* the ``actor/entropy`` metric per token, and
+* the advantage: verl's ``_compute_advantage`` steps (KL-in-reward, rollout correction, write-back)
+  unchanged, with :func:`oma.integrations.verl.batch.compute_oma_batch` in place of the estimator:
+  verl's batch read into :class:`oma.hosts.HostStep` and :func:`oma.hosts.align` called on it (OA over
+  the step's batch, MA weights over the step, the ``oma/*`` metrics, the batch written under
+  ``algorithm.oma.dump_dir``); ``advantages = A·W`` and ``returns = A`` (so verl's
   ``critic/returns/*`` metrics show the unweighted advantage).
 
-At construction it refuses configurations where the objective would not be exact
-(:func:`oma.integrations.verl.batch.check_trainer_config`) and verifies, and logs, that the oma
+The two verl methods are overridden in :class:`oma.integrations.verl._verl_private.TrainerOverrides`,
+with every other verl private oma reads. At construction the mixin refuses a verl other than 0.9.x and
+configurations where the objective would not be exact
+(:func:`oma.integrations.verl.batch.check_trainer_config`), and verifies, and logs, that the oma
 names are registered in verl (plugin failures are otherwise silent).
 
 Importable without verl's trainer stack (TransferQueue etc.): those are imported when used.
@@ -22,19 +24,13 @@ Importable without verl's trainer stack (TransferQueue etc.): those are imported
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
 from typing import Any
 
-import numpy as np
-
-from oma.integrations.verl.batch import (
-    check_trainer_config,
-    compute_oma_batch,
-    prompt_anchor_ids,
-)
+from oma.integrations.verl import _verl_private
+from oma.integrations.verl.batch import check_trainer_config, compute_oma_batch, prompt_anchor_ids
 from oma.integrations.verl.options import cfg_get, cfg_select
 
 logger = logging.getLogger("oma.integrations.verl")
@@ -66,7 +62,7 @@ def verify_registration(trainer_name: str | None = None) -> dict[str, Any]:
     return report
 
 
-class OMATrainerMixin:
+class OMATrainerMixin(_verl_private.TrainerOverrides):
     """Mix in before a verl v1 trainer class; set ``_oma_base_mode`` to that class's verl mode."""
 
     _oma_base_mode: str = "sync"
@@ -83,6 +79,7 @@ class OMATrainerMixin:
         self._oma_trainer_name = value
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        _verl_private.check_version()
         self.oma_options = check_trainer_config(config)
         name = cfg_select(config, "trainer.v1.trainer_mode", None)
         report = verify_registration(name)
@@ -94,17 +91,9 @@ class OMATrainerMixin:
         )
         super().__init__(config, *args, **kwargs)
 
-    # ----------------------------------------------------------------------------- helpers
-
-    def _tq(self):
-        return importlib.import_module("transfer_queue")
-
     def _oma_dp_size(self) -> int:
-        """The actor's data-parallel size, read the way verl's ``_balance_batch`` reads it."""
-        wg = self.actor_rollout_wg
-        if "actor" not in wg._dispatch_info:
-            wg._dispatch_info["actor"] = wg._query_dispatch_info("actor")
-        return max(wg._dispatch_info["actor"]) + 1
+        """The actor's data-parallel size."""
+        return _verl_private.dp_size(self.actor_rollout_wg)
 
     def _oma_mini_batch_rows(self, n_rows: int) -> int | None:
         """Rows per PPO mini-batch (``ppo_mini_batch_size·rollout.n``), or None when it does not tile the batch."""
@@ -114,94 +103,39 @@ class OMATrainerMixin:
             return None  # no actor update this step (critic warm-up) or verl did not pad: one mini-batch
         return rows
 
-    # ------------------------------------------------------------------------- overrides
+    def _oma_iteration(self) -> int:
+        """The number of this training batch: verl's global step, or with ``parameter_sync_step`` = p > 1
+        (p batches per global step) (global step − 1)·p + the batch's index + 1."""
+        return (self.global_steps - 1) * self.parameter_sync_step + self.local_trigger_step + 1
 
-    def _compute_old_log_prob(self, batch, metrics: dict):
-        """verl's, with ``actor/entropy`` reported per token: verl aggregates it with ``loss_agg_mode``,
-        which oma sets to ``token-sum``, so it would be a sum over the step's tokens."""
-        batch = super()._compute_old_log_prob(batch, metrics)
-        if "actor/entropy" in metrics:
-            mask = self._tq().kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                           select_fields=["response_mask"])
-            tokens = float(mask.to_padded_tensor()["response_mask"].sum())
-            metrics["actor/entropy"] = metrics["actor/entropy"] / max(tokens, 1.0)
-        return batch
+    def _oma_fields(self) -> list[str]:
+        """TransferQueue fields the advantage reads besides verl's: the prompts GiGPO anchors on."""
+        return ["prompts"] if self.oma_options.estimator == "gigpo" else []
 
-    def _compute_advantage(self, batch, metrics: dict):
-        """verl's ``_compute_advantage`` (0.9.1) with the advantage step replaced by OMA."""
-        from tensordict import TensorDict
-        from verl.protocol import DataProto
-        from verl.trainer.ppo import core_algos
-        from verl.workers.utils.padding import response_to_nested
-
-        tq = self._tq()
-        algorithm = self.config.algorithm
-        estimator = str(algorithm.adv_estimator)
-        fields = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob", "values"]
-        if estimator == "oma_gigpo":
-            fields.append("prompts")
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-
-        response_mask = data["response_mask"]
-        prompts = data.pop("prompts") if estimator == "oma_gigpo" else None
-        data = DataProto(batch=data.to_padded_tensor())
-        data.batch["token_level_scores"] = data.batch["rm_scores"]
-        data.non_tensor_batch["uid"] = np.array(data.batch.pop("uid").tolist(), dtype=object)
-
-        # 1. KL penalty in the reward (goes through the advantage, so it stays exact)
-        if algorithm.use_kl_in_reward:
-            from verl.trainer.ppo.ray_trainer import apply_kl_penalty
-
-            data, kl_metrics = apply_kl_penalty(data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=algorithm.kl_penalty)
-            metrics.update(kl_metrics)
-        else:
-            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-
-        # 2. rollout correction (decoupled mode): IS weights and rejection on response_mask, before the weights
-        rollout_corr_config = algorithm.get("rollout_correction", None)
-        bypass = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)
-        rollout_correction = rollout_corr_config is not None and "rollout_log_probs" in data.batch and not bypass
-        if rollout_correction:
-            from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-
-            data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
-            metrics.update(is_metrics)
-
-        # 3. OMA: OA advantages and MA weights over the step, A·W to the update
+    def _oma_advantages(self, data, batch, extra: dict, metrics: dict) -> None:
+        """OA advantages and MA weights over the step (:func:`compute_oma_batch`): ``advantages = A·W``,
+        ``returns = A``, the ``oma/*`` metrics, and the batch under ``dump_dir``."""
         key_uids = [str(k).rsplit("_", 2)[0] for k in batch.keys]
         data_uids = [str(u) for u in data.non_tensor_batch["uid"].tolist()]
         if key_uids != data_uids:
             bad = next(i for i, (a, b) in enumerate(zip(key_uids, data_uids, strict=True)) if a != b)
             raise ValueError(f"oma: row {bad}: key {batch.keys[bad]!r} does not start with its uid {data_uids[bad]!r}")
+        prompts = extra.get("prompts")
         anchor = None
         if prompts is not None:
             anchor = prompt_anchor_ids(list(prompts.unbind(0)) if prompts.is_nested else list(prompts))
-        n_rows = len(batch)
         result = compute_oma_batch(
             data.batch["token_level_rewards"],
             data.batch["response_mask"],
             list(batch.keys),
-            algorithm,
+            self.config.algorithm,
             dp_size=self._oma_dp_size(),
-            mini_batch_rows=self._oma_mini_batch_rows(n_rows),
+            mini_batch_rows=self._oma_mini_batch_rows(len(batch)),
+            padding=[tag.get("is_padding", False) for tag in batch.tags],
             anchor=anchor,
             loss_scale_factor=cfg_get(self.config.actor_rollout_ref.actor, "loss_scale_factor", None),
-            estimator_fn=core_algos.get_adv_estimator_fn(estimator),
+            iteration=self._oma_iteration() if self.oma_options.dump_dir is not None else None,
         )
         data.batch["advantages"] = result.weighted_advantages
         data.batch["returns"] = result.advantages.to(result.weighted_advantages.dtype)
         metrics.update(result.metrics)
-
-        # 4. write nested advantages and returns back to TransferQueue (as verl does)
-        out_fields = ["advantages", "returns"]
-        if algorithm.use_kl_in_reward:
-            out_fields.append("token_level_rewards")
-        if rollout_correction:
-            out_fields.append("response_mask")
-            if "rollout_is_weights" in data.batch:
-                out_fields.append("rollout_is_weights")
-        output = {f: response_to_nested(data.batch[f], response_mask) for f in out_fields}
-        output = TensorDict(output, batch_size=len(batch))
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
-
-
