@@ -5,6 +5,7 @@ refusals (nothing written before one)."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 import verl_agent_sim as sim
@@ -275,6 +276,13 @@ def test_a_refusal_names_the_column_or_key_and_writes_nothing(tmp_path, change, 
         align_batch(cols, {**given, "dump_dir": str(tmp_path)}, actor=layout, iteration=1)
     assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
     assert not list(tmp_path.iterdir())
+
+
+def test_the_dump_is_written_when_nothing_is_refused(tmp_path):
+    batch = sim.simulate(0)
+    align_batch(columns(batch), {"dump_dir": str(tmp_path)}, iteration=1)
+    dumped = pq.read_table(tmp_path / "batches" / "iter_000001.parquet")
+    assert dumped.num_rows == len(batch["score"]) - batch["copies_added"]  # oma audit counts trajectories
 
 
 def test_an_actor_verl_agent_would_not_run_is_refused():
