@@ -15,7 +15,15 @@ Written from verl-agent's documented pipeline (``RayPPOTrainer.fit``), not from 
 6. advantages: GRPO's mean/std over every row of a ``uid`` (copies included;
    ``compute_mean_std_cross_steps=True``), GiGPO's episode term the same and its step term over
    the rows of a ``uid`` with equal ``anchor_obs`` (a one-row step group gives 0). Sample std
-   (n − 1), ε = 1e-6; ``mean_norm`` drops the division.
+   (n − 1), ε = 1e-6; ``mean_norm`` drops the division. RLOO: n/(n − 1)·(s − mean) over the rows of
+   a ``uid``, a one-row ``uid`` keeping its score;
+7. the actor (verl 0.3.1 ``DataParallelPPOActor.update_policy``): ``dp`` contiguous chunks; each
+   rank cuts its chunk into mini-batches of ``mini_rows // dp`` rows (one optimizer step, the ranks'
+   losses averaged) and those into micro-batches of ``micro_rows`` rows (``use_dynamic_bsz``: by
+   tokens, here any partition); a micro-batch's loss is ``agg_loss(ℓ, mask, loss_agg_mode)`` over
+   its rows, divided by the micro-batches per mini-batch (``use_dynamic_bsz``: times its rows over
+   the mini-batch rows). ℓ is PPO-clip with dual clip, or GSPO's sequence ratio aggregated by
+   ``seq-mean-token-mean`` whatever ``loss_agg_mode`` says.
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ EPS = 1e-6
 
 def simulate(seed: int, *, groups: int = 6, n: int = 4, divisor: int = 16, coef: float = 0.1,
              gamma: float = 0.95, p_invalid: float = 0.15) -> dict[str, np.ndarray]:
-    """Columns of one dumped batch (after step 5) plus ``score`` (verl-agent's row score) and
-    ``is_copy`` (the appended rows), as numpy arrays."""
+    """Columns of one dumped batch (after step 5) plus ``score`` (verl-agent's row score), ``is_copy``
+    (the appended rows) and ``row_id`` (each row's index before the padding), as numpy arrays."""
     rng = np.random.default_rng(seed)
     cols: dict[str, list] = {k: [] for k in ("uid", "traj_uid", "episode_rewards", "rewards", "is_action_valid",
                                              "anchor_obs", "response_tokens", "row_hash", "step_rewards")}
@@ -65,6 +73,7 @@ def simulate(seed: int, *, groups: int = 6, n: int = 4, divisor: int = 16, coef:
     shuffle = rng.permutation(order.shape[0])
     out = {k: np.asarray(v)[order][shuffle] for k, v in cols.items()}
     out["is_copy"] = is_copy[shuffle]
+    out["row_id"] = order[shuffle]  # the row's index before adjust_batch: a copy repeats its original's
     invalid = (~out["is_action_valid"]).astype(np.float64)
     out["score"] = out["episode_rewards"] - coef * invalid
     out["step_rewards"] = out["step_rewards"] - coef * invalid
@@ -100,6 +109,111 @@ def gigpo(batch: dict[str, np.ndarray], *, std: bool = False, w: float = 1.0) ->
     return episode + w * step
 
 
+def rloo(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """verl-agent's ``compute_rloo_outcome_advantage`` per row (every row of a uid is a member)."""
+    members: dict[object, list[float]] = {}
+    for uid, s in zip(batch["uid"], batch["score"], strict=True):
+        members.setdefault(uid, []).append(float(s))
+    out = np.empty(len(batch["score"]))
+    for r, (uid, s) in enumerate(zip(batch["uid"], batch["score"], strict=True)):
+        n = len(members[uid])
+        out[r] = s * n / (n - 1) - np.mean(members[uid]) * n / (n - 1) if n > 1 else s
+    return out
+
+
+def tensors(batch: dict[str, np.ndarray], width: int = 32) -> dict[str, np.ndarray]:
+    """The batch's ``response_mask`` [R, width] (``response_tokens`` valid tokens, then padding) and
+    ``token_level_rewards`` [R, width]: the reward manager puts ``episode_rewards`` on the last valid
+    token, ``apply_invalid_action_penalty`` subtracts C·(1 − valid) there (``score`` holds the result)."""
+    rows = len(batch["score"])
+    mask = np.zeros((rows, width), dtype=bool)
+    rewards = np.zeros((rows, width))
+    for r in range(rows):
+        n = int(batch["response_tokens"][r])
+        mask[r, :n] = True
+        rewards[r, n - 1] = batch["score"][r]
+    return {"response_mask": mask, "token_level_rewards": rewards}
+
+
+def micro_batches(rows: int, *, mini_rows: int, micro_rows: int, dp: int, partition=None) -> list[list]:
+    """The row lists of the micro-batches of step 7, over every rank and mini-batch.
+    ``partition(mini) -> list of row lists`` replaces the fixed micro-batches (``use_dynamic_bsz``)."""
+    per_rank, local = rows // dp, mini_rows // dp
+    out = []
+    for d in range(dp):
+        chunk = list(range(d * per_rank, (d + 1) * per_rank))
+        for start in range(0, per_rank, local):
+            mini = chunk[start:start + local]
+            out += partition(mini) if partition else [mini[i:i + micro_rows] for i in range(0, len(mini), micro_rows)]
+    return out
+
+
+def _agg_coefficients(mask: np.ndarray, rows: list, mode: str) -> dict[int, float]:
+    """Per row of one micro-batch, the coefficient ``agg_loss`` gives each of its valid tokens."""
+    n = {r: float(mask[r].sum()) for r in rows}
+    if mode == "token-mean":
+        return {r: 1.0 / (sum(n.values()) + 1e-8) for r in rows}
+    if mode == "seq-mean-token-sum":
+        return {r: 1.0 / len(rows) for r in rows}
+    if mode == "seq-mean-token-mean":
+        return {r: 1.0 / (n[r] * len(rows)) for r in rows}
+    return {r: 1.0 / mask.shape[1] for r in rows}  # seq-mean-token-sum-norm
+
+
+def actor_token_weights(mask: np.ndarray, *, mini_rows: int, micro_rows: int, dp: int, loss_agg_mode: str,
+                        partition=None) -> np.ndarray:
+    """W [R, L]: what the actor multiplies each token loss by over the step (its losses summed over the
+    optimizer steps are Σ W·ℓ)."""
+    local = mini_rows // dp
+    w = np.zeros(mask.shape)
+    for m in micro_batches(mask.shape[0], mini_rows=mini_rows, micro_rows=micro_rows, dp=dp, partition=partition):
+        scale = len(m) / local if partition else 1.0 / (local // micro_rows)
+        for r, c in _agg_coefficients(mask, m, loss_agg_mode).items():
+            w[r] = mask[r] * c * scale / dp
+    return w
+
+
+def token_losses(adv: np.ndarray, mask: np.ndarray, log_ratio: np.ndarray, loss_mode: str,
+                 clip: float = 0.2, clip_c: float = 3.0) -> np.ndarray:
+    """ℓ [R, L] of verl-agent's ``compute_policy_loss`` (PPO-clip, dual clip) or ``compute_policy_loss_gspo``
+    from per-token advantages and log-ratios log π/π_old."""
+    out = np.zeros(adv.shape)
+    for r in range(adv.shape[0]):
+        n = max(mask[r].sum(), 1)
+        seq = min(float((log_ratio[r] * mask[r]).sum() / n), 10.0)
+        for t in range(adv.shape[1]):
+            a = adv[r, t]
+            if loss_mode == "gspo":
+                s = np.exp(seq)
+                out[r, t] = max(-a * s, -a * min(max(s, 1 - clip), 1 + clip))
+                continue
+            ratio = np.exp(log_ratio[r, t])
+            clipped = max(-a * ratio, -a * min(max(ratio, 1 - clip), 1 + clip))
+            out[r, t] = min(-a * clip_c, clipped) if a < 0 else clipped
+    return out
+
+
+def actor_loss(adv: np.ndarray, mask: np.ndarray, log_ratio: np.ndarray, *, mini_rows: int, micro_rows: int, dp: int,
+               loss_agg_mode: str, loss_mode: str = "vanilla", partition=None) -> float:
+    """The actor's loss summed over the step's optimizer steps, from the batch's ``advantages`` [R, L]: per
+    optimizer step the mean over ranks of Σ_micro agg_loss(ℓ)/GA (``use_dynamic_bsz``: × rows/mini rows)."""
+    ell = token_losses(adv, mask, log_ratio, loss_mode)
+    mode = "seq-mean-token-mean" if loss_mode == "gspo" else loss_agg_mode
+    local, total = mini_rows // dp, 0.0
+    for m in micro_batches(mask.shape[0], mini_rows=mini_rows, micro_rows=micro_rows, dp=dp, partition=partition):
+        scale = len(m) / local if partition else 1.0 / (local // micro_rows)
+        if mode == "token-mean":
+            agg = sum((ell[r] * mask[r]).sum() for r in m) / (sum(mask[r].sum() for r in m) + 1e-8)
+        elif mode == "seq-mean-token-sum":
+            agg = np.mean([(ell[r] * mask[r]).sum() for r in m])
+        elif mode == "seq-mean-token-mean":
+            agg = np.mean([(ell[r] * mask[r]).sum() / mask[r].sum() for r in m])
+        else:
+            agg = sum((ell[r] * mask[r]).sum() for r in m) / mask.shape[1]
+        total += agg * scale / dp
+    return float(total)
+
+
 def figures(batch: dict[str, np.ndarray], adv: np.ndarray) -> dict[str, object]:
     """Token-mean figures of one advantage vector, by loops: each row's share ω_r = n_r / Σ n."""
     omega = batch["response_tokens"] / batch["response_tokens"].sum()
@@ -126,7 +240,8 @@ def figures(batch: dict[str, np.ndarray], adv: np.ndarray) -> dict[str, object]:
     }
 
 
-def write(batch: dict[str, np.ndarray], path, *, drop: tuple[str, ...] = ("score", "is_copy", "copies_added")) -> None:
+def write(batch: dict[str, np.ndarray], path, *,
+          drop: tuple[str, ...] = ("score", "is_copy", "copies_added", "row_id")) -> None:
     """The dump as docs/audit.md#verl-agent-batches writes it (Parquet or JSONL by extension)."""
     import json
 

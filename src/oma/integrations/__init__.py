@@ -8,5 +8,7 @@ the result back; the math is never copied.
 * :mod:`oma.integrations.verl` — verl 0.9.x plugin: estimators ``oma_grpo``/``oma_rloo``/
   ``oma_gigpo`` and the trajectory-aware trainers ``oma_sync``/``oma_colocate_async``/
   ``oma_separate_async`` (docs/verl.md).
+* :mod:`oma.integrations.verl_agent` — verl-agent (verl 0.3.1 vendored): the advantages and weights a
+  patched ``RayPPOTrainer.fit`` calls for, and a dumped batch checked offline (docs/verl-agent.md).
 * :mod:`oma.integrations.skyrl` — SkyRL 0.4.x: its step-wise trainers with OMA (docs/skyrl.md).
 """

@@ -1,0 +1,108 @@
+"""``python -m oma.integrations.verl_agent check BATCH``: what verl-agent and OMA make of one dumped batch
+(docs/verl-agent.md#audit-your-run).
+
+BATCH is a Parquet or JSONL file with verl-agent's columns, as docs/audit.md#verl-agent-batches dumps
+them (``response_tokens`` or ``response_mask``; ``row_hash`` or ``row_id`` marks the padding copies).
+Prints, per trajectory, its rows and tokens, its mean advantage under row accounting (verl-agent's)
+and trajectory accounting (OA), and its share of the step's loss mass under verl-agent's own
+aggregation and under Mass Alignment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+import torch
+
+from oma.integrations.verl_agent.batch import AGG_MODES, ActorLoss, align_batch, ids
+from oma.integrations.verl_agent.trainer import ESTIMATORS
+
+
+def read_columns(path: str | Path) -> dict[str, np.ndarray]:
+    """A dumped batch's columns as numpy arrays; ``response_tokens`` becomes a ``response_mask`` and a
+    ``row_hash`` stands for ``row_id``."""
+    path = Path(path)
+    table: pa.Table = pq.read_table(path) if path.suffix == ".parquet" else pa_json.read_json(path)
+    cols = {name: np.asarray(table[name].to_pylist(), dtype=object) for name in table.column_names}
+    if "response_mask" in cols:
+        rows = [np.asarray(m, dtype=bool) for m in cols["response_mask"]]
+        width = max((len(m) for m in rows), default=0)
+        cols["response_mask"] = np.stack([np.pad(m, (0, width - len(m))) for m in rows]) if rows else np.zeros((0, 0), bool)
+    elif "response_tokens" in cols:
+        n = cols["response_tokens"].astype(np.int64)
+        cols["response_mask"] = np.arange(max(int(n.max(initial=0)), 1)) < n[:, None]
+    if "row_id" not in cols and "row_hash" in cols:
+        cols["row_id"] = cols["row_hash"]
+    return cols
+
+
+def _per_trajectory(traj: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.float64).index_add_(0, traj, values)
+
+
+def check(path: str | Path, *, estimator: str = "grpo", norm_by_std: bool | None = None, invalid_penalty: float = 0.1,
+          mass: str = "uniform", actor: ActorLoss | None = None) -> str:
+    """The report's text (module docstring)."""
+    cols = read_columns(path)
+    std = (estimator != "gigpo") if norm_by_std is None else norm_by_std
+    common = {"estimator": estimator, "norm_by_std": std}
+    base = align_batch(cols, {**common, "accounting": "row", "mass": "native"}, actor=actor, invalid_penalty=invalid_penalty)
+    oma = align_batch(cols, {**common, "accounting": "trajectory", "mass": mass}, actor=actor, invalid_penalty=invalid_penalty)
+    traj, labels = ids(cols["traj_uid"])
+    keep = ~base.is_copy
+    t, n = traj[keep], len(labels)
+    rows = _per_trajectory(t, torch.ones(len(t), dtype=torch.float64), n)
+    tokens = _per_trajectory(t, torch.as_tensor(cols["response_mask"]).sum(-1)[keep].double(), n)
+    adv_row, adv_traj = (_per_trajectory(t, r.adv[keep], n) / rows for r in (base, oma))
+    share_native, share_oma = (m / m.sum() for m in (_per_trajectory(traj, r.weights.sum(-1), n) for r in (base, oma)))
+    uid = {lab: u for lab, u in zip(cols["traj_uid"], cols["uid"], strict=True)}
+    out = [f"{path}: {len(traj)} rows ({int(base.is_copy.sum())} padding copies), {n} trajectories; {estimator}, "
+           f"norm_by_std={std}, invalid_penalty={invalid_penalty:g}",
+           f"{'uid':>14} {'traj_uid':>14} {'rows':>5} {'tokens':>7} {'A row':>9} {'A traj':>9} "
+           f"{'mass native':>12} {'mass ' + mass:>12}"]
+    for i in sorted(range(n), key=lambda i: (str(uid[labels[i]]), str(labels[i]))):
+        out.append(f"{str(uid[labels[i]])[-14:]:>14} {str(labels[i])[-14:]:>14} {int(rows[i]):>5} {int(tokens[i]):>7} "
+                   f"{float(adv_row[i]):>9.4f} {float(adv_traj[i]):>9.4f} {float(share_native[i]):>12.4f} "
+                   f"{float(share_oma[i]):>12.4f}")
+    copy_share = float(base.weights[base.is_copy].sum() / base.weights.sum())
+    out.append(f"padding copies carry {copy_share:.4f} of verl-agent's own mass, 0 under mass={mass}; "
+               f"Kish effective trajectories: {base.metrics.get('oma/effective_trajectories', 0):.2f} native, "
+               f"{oma.metrics.get('oma/effective_trajectories', 0):.2f} {mass}")
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m oma.integrations.verl_agent", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("check", help="per-trajectory advantages and mass of one dumped verl-agent batch")
+    p.add_argument("batch", help="a Parquet or JSONL dump (docs/audit.md#verl-agent-batches)")
+    p.add_argument("--estimator", choices=ESTIMATORS, default="grpo")
+    p.add_argument("--std", dest="norm_by_std", action=argparse.BooleanOptionalAction, default=None,
+                   help="divide by the group std (default: on for grpo, off for gigpo as algorithm.gigpo.mode=mean_norm)")
+    p.add_argument("--invalid-penalty", type=float, default=0.1, help="invalid_action_penalty_coef (0 if the penalty was off)")
+    p.add_argument("--mass", choices=("uniform", "group"), default="uniform")
+    p.add_argument("--mini-batch-rows", type=int, help="ppo_mini_batch_size × rollout.n (default: the whole batch)")
+    p.add_argument("--micro-batch-rows", type=int, help="ppo_micro_batch_size_per_gpu")
+    p.add_argument("--dp", type=int, default=1, help="the actor's data-parallel ranks")
+    p.add_argument("--loss-agg-mode", choices=AGG_MODES, default="token-mean")
+    args = parser.parse_args(argv)
+    try:
+        actor = ActorLoss(mini_batch_rows=args.mini_batch_rows, micro_batch_rows=args.micro_batch_rows, dp=args.dp,
+                          loss_agg_mode=args.loss_agg_mode)
+        print(check(args.batch, estimator=args.estimator, norm_by_std=args.norm_by_std,
+                    invalid_penalty=args.invalid_penalty, mass=args.mass, actor=actor))
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        print(f"{parser.prog} check: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
