@@ -254,3 +254,31 @@ def test_a_framework_version_outside_the_tested_series_is_refused_in_one_line(mo
             hosts.require_version("fw", supported, f"{supported}.0")
         assert str(e.value) == (f"oma's fw integration supports fw {supported}.x (tested on {supported}.0); "
                                 f"the installed fw is 1.3.2: pip install 'fw=={supported}.0'")
+
+
+def _with_copies(step: hosts.HostStep, copied: torch.Tensor) -> hosts.HostStep:
+    """``step`` with copies of rows ``copied`` appended, as verl-agent's adjust_batch pads a batch."""
+    cat = lambda x: None if x is None else torch.cat([x, x.index_select(0, copied)])  # noqa: E731
+    return hosts.HostStep(group_index=cat(step.group_index), traj_index=cat(step.traj_index), scores=cat(step.scores),
+                          response_mask=cat(step.response_mask), step_index=cat(step.step_index), anchor=cat(step.anchor),
+                          step_rewards=cat(step.step_rewards),
+                          copies=torch.cat([torch.zeros(step.rows, dtype=torch.bool), torch.ones(len(copied), dtype=torch.bool)]))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
+def test_under_trajectory_accounting_copies_leave_the_statistics_and_take_their_rows_advantage(estimator):
+    penalised = SCORE - 0.1 * torch.tensor([0.0, 1, 0, 0, 1, 0, 0, 1, 0])  # rows of a trajectory differ: a copy would shift R_τ
+    step = _step(scores=penalised, anchor=torch.tensor([0, 1, 0, 1, 2, 1, 3, 3, 4]),
+                 step_rewards=torch.tensor([0.0, 1, 0, 0, 0, 0, 1, 0, 0]))
+    copied = torch.tensor([1, 4, 4])
+    padded = _with_copies(step, copied)
+    o = hosts.HostOptions(estimator=estimator)
+    a, b = hosts.advantages(step, o), hosts.advantages(padded, o)
+    assert torch.equal(b[: step.rows], a) and torch.equal(b[step.rows:], a.index_select(0, copied))
+    if estimator != "gigpo":  # (GiGPO's returns need one row per step: a host that copies steps discounts itself)
+        row = hosts.HostOptions(estimator=estimator, accounting="row")  # the stepwise host counts its copies
+        assert not torch.allclose(hosts.advantages(padded, row)[: step.rows], hosts.advantages(step, row))
+    assert hosts.copy_sources(padded).tolist() == [*range(9), 1, 4, 4]
+    orphan = hosts.HostStep(**{**vars(padded), "copies": torch.tensor([False] * 11 + [True]),
+                               "step_rewards": torch.cat([padded.step_rewards[:11], torch.tensor([5.0])])})
+    assert hosts.copy_sources(orphan)[-1] == -1 and hosts.advantages(orphan, o)[-1] == 0  # repeats no row: 0

@@ -224,8 +224,40 @@ def outcome_scores(step: HostStep, options: HostOptions) -> Tensor:
     return per_traj.index_select(0, traj.inverse)
 
 
+def copy_sources(step: HostStep) -> Tensor:
+    """int64 [R]: for each row, a row that is no copy and that it repeats as far as its advantage can tell
+    (the same trajectory, anchor and step reward), itself for a row that is no copy; −1 for a copy that
+    repeats no row of the step."""
+    parts = [step.traj_index.to(torch.int64)] + [x if x.dtype == torch.int64 else x.double().view(torch.int64)
+                                                 for x in (step.anchor, step.step_rewards) if x is not None]
+    key = torch.unique(torch.stack(parts, -1), dim=0, return_inverse=True)[1]
+    kept = step.kept.nonzero().squeeze(-1)
+    source = torch.full((step.rows,), -1, dtype=torch.int64).scatter_reduce(
+        0, key.index_select(0, kept), kept, reduce="amax", include_self=True).index_select(0, key)
+    return source.index_copy(0, kept, kept)
+
+
 def advantages(step: HostStep, options: HostOptions) -> Tensor:
-    """A [R] (docs/math.md#outcome-statistics-and-advantages-outcome-alignment)."""
+    """A [R] (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
+
+    Padding copies (``step.copies``) count in the statistics under ``accounting=row``, as a stepwise host
+    counts them. Under ``accounting=trajectory`` they are left out (a copy is no new episode, and would
+    shift R_τ's mean and GiGPO's step groups), and each takes the advantage of the row it repeats
+    (:func:`copy_sources`); one that repeats no row gets 0.
+    """
+    if options.accounting == "trajectory" and step.copies is not None and bool(step.copies.any()):
+        kept = step.kept.nonzero().squeeze(-1)
+        adv = _advantages(step.select(kept), options)
+        source = copy_sources(step)
+        # a row's source among the kept rows, as a position in `kept`; orphans read a 0 appended at the end
+        position = torch.full((step.rows,), len(kept), dtype=torch.int64)
+        position[kept] = torch.arange(len(kept))
+        at = torch.where(source >= 0, position.index_select(0, source.clamp(min=0)), len(kept))
+        return torch.cat([adv, adv.new_zeros(1)]).index_select(0, at)
+    return _advantages(step, options)
+
+
+def _advantages(step: HostStep, options: HostOptions) -> Tensor:
     scores = outcome_scores(step, options)
     o = options
     if o.estimator == "gigpo":

@@ -387,28 +387,12 @@ def host_step(batch: Mapping[str, Any], opts: hosts.HostOptions, actor: ActorLos
                           anchor=anchor, step_rewards=step_rewards, minibatches=actor.minibatches(rows), copies=flags)
 
 
-def _advantages_without_copies(step: hosts.HostStep, opts: hosts.HostOptions) -> Tensor:
-    """A [R] with the group statistics over the rows that are no copy; each copy gets the advantage of a
-    row it repeats (same trajectory, anchor and step reward, which is all that A depends on under
-    trajectory accounting)."""
-    kept = step.kept.nonzero().squeeze(-1)
-
-    def sel(x: Tensor | None, idx: Tensor) -> Tensor | None:
-        return None if x is None else x.index_select(0, idx)
-
-    fields = ("group_index", "traj_index", "scores", "response_mask", "step_index", "anchor", "step_rewards")
-    adv = torch.zeros(step.rows, dtype=torch.float64)
-    adv[kept] = hosts.advantages(hosts.HostStep(**{f: sel(getattr(step, f), kept) for f in fields}), opts).double()
-    parts = [step.traj_index] + [x if x.dtype == torch.int64 else x.double().view(torch.int64)
-                                 for x in (step.anchor, step.step_rewards) if x is not None]
-    key = torch.unique(torch.stack(parts, -1), dim=0, return_inverse=True)[1]
-    source = torch.full((step.rows,), -1, dtype=torch.int64).scatter_reduce(
-        0, key.index_select(0, kept), kept, reduce="amax", include_self=True).index_select(0, key)
-    orphan = (source < 0).nonzero()
+def _check_copies(step: hosts.HostStep) -> None:
+    """Refuse copy marks that mark a row no other row repeats: adjust_batch's copies are exact duplicates."""
+    orphan = (hosts.copy_sources(step) < 0).nonzero()
     if orphan.numel():
         raise ValueError(f"row {int(orphan[0, 0])} is marked as a padding copy, but no other row of its trajectory has "
                          "its anchor_obs and step_rewards: is_copy / row_id must mark only adjust_batch's duplicates")
-    return adv.index_select(0, source)
 
 
 def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[str, Any] | None = None, *,
@@ -448,10 +432,10 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
     step = host_step(batch, opts, actor, invalid_penalty=invalid_penalty, is_copy=is_copy)
     native = opts.mass == "native"
     factor = actor.token_factor(step.response_mask, exact=not native)
-    trajectory_stats = opts.accounting == "trajectory" and step.copies is not None and bool(step.copies.any())
-    adv = _advantages_without_copies(step, opts) if trajectory_stats else None
+    if step.copies is not None:
+        _check_copies(step)
     result = hosts.align(step, opts, iteration=iteration)  # the last refusal is behind us: it may write the dump
-    adv = result.adv.double() if adv is None else adv
+    adv = result.adv.double()
     if native:  # verl-agent's own loss, and its own advantages
         w = factor.unsqueeze(-1) * step.response_mask
         token_adv = adv.unsqueeze(-1) * step.response_mask
