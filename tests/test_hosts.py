@@ -279,6 +279,6 @@ def test_under_trajectory_accounting_copies_leave_the_statistics_and_take_their_
         row = hosts.HostOptions(estimator=estimator, accounting="row")  # the stepwise host counts its copies
         assert not torch.allclose(hosts.advantages(padded, row)[: step.rows], hosts.advantages(step, row))
     assert hosts.copy_sources(padded).tolist() == [*range(9), 1, 4, 4]
-    orphan = hosts.HostStep(**{**vars(padded), "copies": torch.tensor([False] * 11 + [True]),
+    orphan = hosts.HostStep(**{**vars(padded),
                                "step_rewards": torch.cat([padded.step_rewards[:11], torch.tensor([5.0])])})
     assert hosts.copy_sources(orphan)[-1] == -1 and hosts.advantages(orphan, o)[-1] == 0  # repeats no row: 0
