@@ -214,6 +214,17 @@ def test_probe_measures_each_trajectorys_mass_and_changes_nothing(mass):
         assert skyrl["probe/effective_trajectories"] == pytest.approx(metrics["probe/effective_trajectories"])
 
 
+def test_probe_counts_rows_as_trajectories_when_not_step_wise():
+    cfg = make_cfg(OMAConfig(mass="native"))
+    cfg.generator.step_wise_trajectories = False
+    trainer = make_trainer(_ProbedSkyRL, cfg)
+    data = make_batch()
+    data.metadata.pop("is_last_step")
+    data = trainer.compute_advantages_and_returns(data)
+    trainer._normalize_advantages(data, data.metadata["policy_mini_batch_boundaries"], data.metadata["policy_prompt_boundaries"])
+    assert trainer.all_metrics["probe/trajectories"] == int((data["loss_mask"].sum(-1) > 0).sum())
+
+
 # ---- the environment ------------------------------------------------------------------------------
 
 
@@ -237,7 +248,7 @@ def test_smoke_env_ends_at_the_first_digit_or_the_turn_cap():
 
 def test_real_skyrl_steps_on_cpu(tmp_path, capsys):
     """Two real SkyRL steps through oma's trainer: multi-turn step-wise episodes, uniform MA, weights synced."""
-    status = oma_main(["skyrl-smoke", "--steps", "2", "--out", str(tmp_path), "--timeout", "420"])
+    status = oma_main(["skyrl-smoke", "--steps", "2", "--out", str(tmp_path), "--timeout", "300"])
     captured = capsys.readouterr()
     lines = captured.out.strip().splitlines()
     result = json.loads(lines[-1])

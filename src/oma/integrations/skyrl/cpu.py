@@ -75,6 +75,12 @@ class CPUWorkerMixin:
             dist.init_process_group(backend="gloo", timeout=timedelta(seconds=SKYRL_WORKER_NCCL_TIMEOUT_IN_S))
         super().init_worker_process_group()
 
+    def offload_to_cpu(self, offload_optimizer: bool = True, offload_model: bool = True) -> None:
+        """Nothing to move: the model and optimizer live in CPU memory (SkyRL's picks a NUMA node per GPU)."""
+
+    def backload_to_gpu(self, backload_optimizer: bool = True, backload_model: bool = True) -> None:
+        """Nothing to move (see :meth:`offload_to_cpu`)."""
+
 
 class CPUPolicyWorkerBase(CPUWorkerMixin, FSDPPolicyWorkerBase):
     """SkyRL's FSDP policy worker on the CPU; its weights go to the Hugging Face engine."""
@@ -137,7 +143,9 @@ class MassProbeMixin:
     """
 
     def compute_advantages_and_returns(self, data):
-        self._probe_rows = (list(data.metadata["uids"]), list(data.metadata["is_last_step"]))
+        uids = list(data.metadata["uids"])
+        last = data.metadata.get("is_last_step")  # not step-wise: one row per trajectory
+        self._probe_rows = (uids, list(last) if last is not None else [True] * len(uids))
         return super().compute_advantages_and_returns(data)
 
     def _normalize_advantages(self, data, mini_batch_boundaries, prompt_boundaries=None):
