@@ -12,7 +12,9 @@ import torch
 
 from oma.cli import main as oma_main
 from oma.integrations.verl import cpu
-from oma.integrations.verl.hf_rollout import HFServer, _filtered, sample_logprobs
+from oma.integrations.tiny_model import filtered as _filtered
+from oma.integrations.tiny_model import sample_logprobs
+from oma.integrations.verl.hf_rollout import HFServer
 from oma.integrations.verl.smoke import parse_log
 from oma.integrations.verl.smoke_inputs import build_inputs
 

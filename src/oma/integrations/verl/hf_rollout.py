@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 from typing import Any
 
 import ray
@@ -29,6 +28,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from oma.integrations.verl import _verl_private
+from oma.integrations.tiny_model import Sampler
 
 
 def server_name(replica_rank: int) -> str:
@@ -43,62 +43,22 @@ def _model_path(model_config: Any) -> str:
     raise ValueError("hf rollout: the model config has no path")
 
 
-def sample_logprobs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log-softmax of ``logits / temperature`` (temperature 0: greedy, reported at temperature 1)."""
-    scale = temperature if temperature and temperature > 0 else 1.0
-    return torch.log_softmax(logits.float() / scale, dim=-1)
-
-
-class HFServer:
+class HFServer(Sampler):
     """One replica's model and its ``generate`` (see the module docstring)."""
 
     def __init__(self, model_path: str, response_length: int, prompt_length: int, seed: int = 0) -> None:
-        from transformers import AutoModelForCausalLM
-
-        torch.set_num_threads(1)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                          attn_implementation="eager").eval()
+        super().__init__(model_path, seed=seed)
         self.response_length = int(response_length)
         self.prompt_length = int(prompt_length)
         self.global_steps: int | None = None
-        self.generator = torch.Generator().manual_seed(seed)
-        self.lock = threading.Lock()
-        config = self.model.generation_config
-        eos = config.eos_token_id if config.eos_token_id is not None else self.model.config.eos_token_id
-        self.eos = set(eos if isinstance(eos, list) else [eos]) - {None}
 
     def _generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
         params = dict(sampling_params)
         max_tokens = params.pop("max_tokens", params.pop("max_new_tokens", None))
         if max_tokens is None:
             max_tokens = min(self.response_length, self.prompt_length + self.response_length - len(prompt_ids))
-        max_tokens = max(1, int(max_tokens))
-        temperature = float(params.get("temperature", 1.0) or 0.0)
-        top_k = int(params.get("top_k", -1) or -1)
-        top_p = float(params.get("top_p", 1.0) or 1.0)
-        ids = torch.tensor([prompt_ids], dtype=torch.int64)
-        out_ids: list[int] = []
-        out_logp: list[float] = []
-        past = None
-        with self.lock, torch.no_grad():
-            step_input = ids
-            for _ in range(max_tokens):
-                out = self.model(input_ids=step_input, past_key_values=past, use_cache=True)
-                past = out.past_key_values
-                logits = out.logits[0, -1]
-                logp = sample_logprobs(logits, temperature)
-                if temperature <= 0:
-                    token = int(torch.argmax(logp))
-                else:
-                    probs = _filtered(logp.exp(), top_k, top_p)
-                    token = int(torch.multinomial(probs, 1, generator=self.generator))
-                out_ids.append(token)
-                out_logp.append(float(logp[token]))
-                if token in self.eos:
-                    break
-                step_input = torch.tensor([[token]], dtype=torch.int64)
-        stop = "completed" if out_ids and out_ids[-1] in self.eos else "length"
-        return TokenOutput(token_ids=out_ids, log_probs=out_logp, stop_reason=stop,
+        out_ids, out_logp, ended = self.sample(prompt_ids, max(1, int(max_tokens)), params)
+        return TokenOutput(token_ids=out_ids, log_probs=out_logp, stop_reason="completed" if ended else "length",
                            extra_fields={"global_steps": self.global_steps})
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str | None = None,
@@ -109,14 +69,12 @@ class HFServer:
 
     def load_weights(self, state: dict[str, torch.Tensor], global_steps: int | None) -> int:
         """Load the trainer's weights (names as the FSDP engine gives them); returns tensors loaded."""
-        with self.lock:
-            own = self.model.state_dict()
-            unknown = sorted(set(state) - set(own))
-            if unknown:
-                raise ValueError(f"hf rollout: weights the model does not have: {unknown[:5]}")
-            self.model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
-            self.global_steps = global_steps
-        return len(state)
+        try:
+            loaded = self.load_state(state)
+        except ValueError as err:
+            raise ValueError(f"hf rollout: {err}") from None
+        self.global_steps = global_steps
+        return loaded
 
     async def set_global_steps(self, global_steps: int) -> None:
         self.global_steps = global_steps
@@ -131,20 +89,6 @@ class HFServer:
     async def resume_generation(self) -> None: ...
     async def start_profile(self, **kwargs: Any) -> None: ...
     async def stop_profile(self) -> None: ...
-
-
-def _filtered(probs: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k, then nucleus (top-p) filtering of a probability vector (renormalised by multinomial)."""
-    if 0 < top_k < probs.shape[-1]:
-        kth = torch.topk(probs, top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
-    if top_p < 1.0:
-        sorted_p, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(sorted_p, 0) - sorted_p < top_p * sorted_p.sum()
-        mask = torch.zeros_like(probs, dtype=torch.bool)
-        mask[order[keep]] = True
-        probs = torch.where(mask, probs, torch.zeros_like(probs))
-    return probs
 
 
 class HFReplica(RolloutReplica):

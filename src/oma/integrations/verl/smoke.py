@@ -23,18 +23,17 @@ Exit status 0 when every step ran, oma's trainer announced itself and every logg
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from oma.integrations.smoke_run import SmokeError, refused, run_in_session
 
 MINI_BATCH_PROMPTS = 2
 """Prompts per PPO mini-batch: with 4 prompts per step a step has 2 mini-batches (4 rollouts each)."""
@@ -54,10 +53,6 @@ METRICS: dict[str, str] = {
     "staleness": "training/off_policy/trajectory_staleness/mean",
 }
 """JSON key → verl metric, averaged over the steps."""
-
-
-class SmokeError(Exception):
-    """A bad argument or a missing install; the message says how to fix it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -195,17 +190,7 @@ def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
            *overrides(work, args.steps, args.dp, args.accounting, args.mass, args.estimator, args.trainer, args.dump_dir)]
     log = work / "train.log"
     t0 = time.perf_counter()
-    with log.open("w", encoding="utf-8") as fh:
-        # its own session: on a timeout the run and the Ray processes it started are stopped together
-        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            rc = 124
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    rc, _ = run_in_session(cmd, env, log, args.timeout)
     wall = time.perf_counter() - t0
     result = {**parse_log(log.read_text(errors="replace")), "dp": args.dp, "trainer": args.trainer,
               "accounting": args.accounting, "mass": args.mass, "estimator": args.estimator, "exit_code": rc,
@@ -217,17 +202,15 @@ def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    try:
-        if args.steps < 1:
-            raise SmokeError(f"--steps must be ≥ 1, got {args.steps}")
-        if args.timeout < 1:
-            raise SmokeError(f"--timeout must be ≥ 1 second, got {args.timeout}")
+
+    def checks() -> None:
         if args.dump_dir is not None and args.trainer != "oma":
             raise SmokeError("--dump-dir writes what oma's trainer trains (algorithm.oma.dump_dir): use it with --trainer oma")
         check_install()
-    except SmokeError as err:
-        print(f"oma verl-smoke: error: {err}", file=sys.stderr)
-        return 2
+
+    status = refused("oma verl-smoke", args.steps, args.timeout, checks)
+    if status is not None:
+        return status
     status, result = run(args)
     print(json.dumps(result))
     return status
