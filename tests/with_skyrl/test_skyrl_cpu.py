@@ -23,7 +23,6 @@ from test_skyrl_trainer import TRAJECTORIES, make_batch, make_cfg, make_trainer
 
 from oma.cli import main as oma_main
 from oma.integrations.skyrl import cpu_patches
-from oma.integrations.skyrl.batch import OMAConfig
 from oma.integrations.skyrl.cpu import MassProbeMixin
 from oma.integrations.skyrl.hf_generator import HFEngine, HFInferenceClient
 from oma.integrations.skyrl.smoke_env import MAX_TURNS, SmokeEnv
@@ -202,20 +201,20 @@ def _normalised(cls, oma):
 
 @pytest.mark.parametrize("mass", ["uniform", "native"])
 def test_probe_measures_each_trajectorys_mass_and_changes_nothing(mass):
-    metrics, adv = _normalised(_ProbedOMA, OMAConfig(mass=mass))
-    _, unprobed = _normalised(OMARayPPOTrainer, OMAConfig(mass=mass))
+    metrics, adv = _normalised(_ProbedOMA, {"mass": mass})
+    _, unprobed = _normalised(OMARayPPOTrainer, {"mass": mass})
     assert torch.equal(adv, unprobed)
     assert metrics["probe/trajectories"] == len(TRAJECTORIES)
     if mass == "uniform":
         assert metrics["probe/effective_trajectories"] == pytest.approx(len(TRAJECTORIES), rel=1e-9)
     else:  # SkyRL's token_mean per mini-batch: longer trajectories weigh more
         assert metrics["probe/effective_trajectories"] < len(TRAJECTORIES) - 0.5
-        skyrl, _ = _normalised(_ProbedSkyRL, OMAConfig(mass="native"))
+        skyrl, _ = _normalised(_ProbedSkyRL, {"mass": "native"})
         assert skyrl["probe/effective_trajectories"] == pytest.approx(metrics["probe/effective_trajectories"])
 
 
 def test_probe_counts_rows_as_trajectories_when_not_step_wise():
-    cfg = make_cfg(OMAConfig(mass="native"))
+    cfg = make_cfg({"mass": "native"})
     cfg.generator.step_wise_trajectories = False
     trainer = make_trainer(_ProbedSkyRL, cfg)
     data = make_batch()

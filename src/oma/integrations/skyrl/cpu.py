@@ -54,7 +54,7 @@ from skyrl.train.utils import initialize_ray  # noqa: E402
 from skyrl.train.utils.callbacks import TrainingCallback  # noqa: E402
 
 from oma import core  # noqa: E402
-from oma.integrations.skyrl.batch import stepwise_structure  # noqa: E402
+from oma.integrations.skyrl.batch import host_step  # noqa: E402
 from oma.integrations.skyrl.hf_generator import HFInferenceClient, start_engine  # noqa: E402
 from oma.integrations.skyrl.trainer import OMAPPOExp, OMARayPPOTrainer, OMASkyRLTrainConfig, parse_config  # noqa: E402
 
@@ -124,10 +124,10 @@ CPUCriticWorker = ray.remote(num_gpus=1)(CPUCriticWorkerBase)
 def trajectory_masses(weights: torch.Tensor, loss_mask: torch.Tensor, uids, is_last_step) -> torch.Tensor:
     """Each trajectory's total weight Σ W over its trainable tokens, float64, for the trajectories
     that have one (SkyRL's padding rows have none)."""
-    structure = stepwise_structure(list(uids), is_last_step)
-    n = int(structure.traj_index.max()) + 1
-    mass = core.segment_sum((weights.double() * (loss_mask != 0)).sum(-1), structure.traj_index, n)
-    tokens = core.segment_sum((loss_mask != 0).sum(-1).double(), structure.traj_index, n)
+    traj_index = host_step(list(uids), is_last_step, torch.zeros(loss_mask.shape), loss_mask).traj_index
+    n = int(traj_index.max()) + 1
+    mass = core.segment_sum((weights.double() * (loss_mask != 0)).sum(-1), traj_index, n)
+    tokens = core.segment_sum((loss_mask != 0).sum(-1).double(), traj_index, n)
     return mass[tokens > 0]
 
 

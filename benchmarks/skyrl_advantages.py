@@ -1,8 +1,8 @@
 """oma's advantages + weights inside SkyRL vs SkyRL's own step-wise advantages + normalisation.
 
-Run by hand in the SkyRL environment (results committed in benchmarks/skyrl.md):
+Run by hand in the SkyRL environment (results committed in benchmarks/skyrl_advantages.md):
 
-    .venv-skyrl/bin/python benchmarks/skyrl.py --rows 100000 1000000 --out benchmarks/skyrl.md
+    .venv-skyrl/bin/python benchmarks/skyrl_advantages.py --rows 100000 1000000 --out benchmarks/skyrl_advantages.md
 
 Times the two trainer methods oma overrides, ``compute_advantages_and_returns`` then
 ``_normalize_advantages``, on one synthetic step-wise batch per size (groups of 8 trajectories of
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                         progress.advance(task)
     lines = [
         "# oma inside SkyRL: advantages + weights vs SkyRL's step-wise advantages + normalisation", "",
-        f"Command: `.venv-skyrl/bin/python benchmarks/skyrl.py --rows {' '.join(map(str, args.rows))} "
+        f"Command: `.venv-skyrl/bin/python benchmarks/skyrl_advantages.py --rows {' '.join(map(str, args.rows))} "
         f"--repeats {args.repeats} --out {args.out}`", "",
         f"Machine: {platform.machine()}, the shared 2-core CPU, torch {torch.__version__}, 2 threads. Time of "
         "`compute_advantages_and_returns` + `_normalize_advantages` on one step-wise batch (groups of 8 "
