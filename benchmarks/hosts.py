@@ -24,6 +24,7 @@ from accounting import GROUP_SIZE, LENGTH, make_batch, per_call  # benchmarks/ i
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
+from throughput import publish
 from verl.trainer.ppo import core_algos
 
 from oma import hosts
@@ -87,11 +88,7 @@ def main() -> None:
     for name in names:
         lines.append(f"| {name.strip()} | " + " | ".join(f"{results[r][name]:.4f}" for r in args.sizes) + " | "
                      + " | ".join(f"{results[r][name] / results[r][native]:.2f}" for r in args.sizes) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+    publish("\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":
