@@ -21,6 +21,8 @@ CONFIGS = [
     ("shop", {}),
     ("shop", {"buy": "after_options", "reward": "success"}),
     ("shop", {"distractors": "many", "catalogue_size": 100, "max_steps": 20}),
+    ("chain", {"on_wrong": "trap", "max_steps": 12}),
+    ("chain", {"on_wrong": "trap", "equal_actions": True, "reward": "progress"}),
 ]
 EXPERT_CONFIGS = CONFIGS + [
     ("household", {"goals": ("two", "heat", "cool")}),
@@ -221,17 +223,19 @@ def test_anchor_is_stable_across_processes(name: str) -> None:
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
 def test_anchor_names_the_state(name: str, options: dict) -> None:
     env = make(name, **options)
+    seeded = name != "chain"  # chain's anchors leave the task seed out on purpose (docs/envs.md#chain-a-table-to-learn)
     env.reset(4)
     start = env.anchor()
-    assert start.startswith(f"{name}[") and "#4|" in start
+    assert start.startswith(f"{name}[") and ("#4|" in start) == seeded
     env.step(env.expert_action())
     assert env.anchor() != start  # the expert's first action changes the state
     other = make(name, **options)
     other.reset(4)
     other.step(other.expert_action())
     assert other.anchor() == env.anchor()
-    other.reset(5)
-    assert other.anchor() != start
+    if seeded:
+        other.reset(5)
+        assert other.anchor() != start
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
@@ -310,6 +314,10 @@ def test_rewards_and_won_agree(name: str, options: dict) -> None:
         if name == "household":
             assert info["won"] == terminated == (last_reward == 1.0)
             assert last_reward in (0.0, 1.0)
+        elif name == "chain":  # trap: only a win terminates; a failure pays its progress credit at the cap
+            assert info["won"] == terminated
+            assert last_reward == 1.0 if info["won"] else last_reward < 1.0 and (
+                last_reward == 0.0 or env.options.reward == "progress")
         else:
             assert terminated == ("score" in info)
             if terminated:
@@ -320,7 +328,7 @@ def test_rewards_and_won_agree(name: str, options: dict) -> None:
                 assert last_reward == 0.0 and not info["won"]
 
 
-LIMITS = {"household": 30, "shop": 20}
+LIMITS = {"household": 30, "shop": 20, "chain": 6}
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)

@@ -10,11 +10,12 @@ import sys
 import pytest
 
 from oma.envs import coupling, make, rollout
-from oma.envs.chain import ACTIONS, SIGNS, correct_action
+from oma.agent.tabular import action_tokens
+from oma.envs.chain import ACTIONS, EQUAL_ACTIONS, SIGNS, correct_action
 from oma.envs.coupling import NoisyExpert
 from test_envs import expert_run
 
-ON_WRONG = ("stay", "reset", "end", "advance")
+ON_WRONG = ("stay", "reset", "end", "advance", "trap")
 
 
 def right(env) -> str:
@@ -114,6 +115,86 @@ def test_advance_episodes_last_exactly_length_steps() -> None:
     episodes = [rollout(env, policy, seed) for seed in range(200)]
     assert {e.steps for e in episodes} == {6}
     assert 0 < sum(e.won for e in episodes) < 200 and not any(e.truncated for e in episodes)
+
+
+def test_trap_is_a_dead_end_that_runs_to_the_cap() -> None:
+    """Length 3, cap 7: right, wrong (trapped at position 2), then every action, the right one
+    included, leaves the agent there, told it cannot win, until the 7th step truncates a failure."""
+    env = make("chain", length=3, max_steps=7, on_wrong="trap")
+    env.reset(0)
+    env.step(right(env))
+    live = env.anchor()
+    obs, reward, terminated, truncated, info = env.step(wrong(env))
+    assert obs == f"Step 2 of 3. The sign is {SIGNS[env._signs[1]]}. You went wrong; this path cannot reach the end."
+    assert (reward, terminated, truncated, info["won"]) == (0.0, False, False, False)
+    assert info["admissible_actions"] == list(ACTIONS[:4])  # the same actions: its rows look like live ones
+    trapped = env.anchor()
+    assert trapped == live + ":strayed"  # never confused with the live state it went wrong in
+    results = [env.step(a(env)) for a in (right, right, wrong, right, right)]
+    assert [r[0] for r in results] == [obs] * 5 and {env.anchor()} == {trapped}
+    assert [(r[1], r[2], r[3]) for r in results] == [(0.0, False, False)] * 4 + [(0.0, False, True)]
+    assert results[-1][4]["won"] is False and results[-1][4]["admissible_actions"] == []
+
+
+@pytest.mark.parametrize("length", [1, 3, 6])
+def test_trap_failures_last_the_cap_and_nothing_wins_after_a_wrong_action(length: int) -> None:
+    """Noisy play: an episode with a wrong action is lost and lasts exactly ``max_steps``; one without
+    is won in exactly ``length`` steps (the ratio is max_steps / length whatever the policy)."""
+    env = make("chain", length=length, max_steps=3 * length + 1, on_wrong="trap")
+    rng = random.Random(length)
+    lengths = {True: set(), False: set()}
+    for seed in range(200):
+        _, info = env.reset(seed)
+        went_wrong, steps = False, 0
+        while True:
+            action = env.expert_action() if rng.random() < 0.8 else rng.choice(info["admissible_actions"])
+            went_wrong = went_wrong or action != env.expert_action()
+            _, _, terminated, truncated, info = env.step(action)
+            steps += 1
+            if terminated or truncated:
+                break
+        assert info["won"] == (not went_wrong) == terminated, seed
+        lengths[info["won"]].add(steps)
+    assert lengths == {True: {length}, False: {3 * length + 1}}
+
+
+def test_trap_progress_pays_the_position_it_went_wrong_at_when_the_cap_ends_it() -> None:
+    """Length 4, cap 6: right, right, wrong (trapped at position 2 of 4), then 3 steps: 0.5 on the 6th."""
+    env = make("chain", length=4, max_steps=6, on_wrong="trap", reward="progress")
+    env.reset(0)
+    results = [env.step(a(env)) for a in (right, right, wrong, right, right, right)]
+    assert [r[1] for r in results] == [0.0] * 5 + [0.5] and results[-1][3] and not results[-1][4]["won"]
+    assert env.anchor().endswith(":strayed:credit=2")
+
+
+def test_trap_and_end_share_every_draw_until_the_first_wrong_turn() -> None:
+    """The same policy draws: success rates and the dead ends' credit agree; only the failures' length differs."""
+    trap = coupling("chain", ("noisy_expert", 0.5), 500, on_wrong="trap", max_steps=11, reward="progress")
+    end = coupling("chain", ("noisy_expert", 0.5), 500, on_wrong="end", max_steps=11, reward="progress")
+    assert trap.success_rate == end.success_rate and trap.mean_reward == end.mean_reward
+    assert (trap.mean_steps_failure, trap.failures_at_cap, trap.ratio) == (11.0, 1.0, 11 / 5)
+    assert end.mean_steps_failure < 5
+
+
+def test_equal_actions_are_the_same_task_in_three_words_each() -> None:
+    """Action i is right where ACTIONS[i] is; every phrase has 3 words, so the tabular policy's rows all
+    carry 4 tokens; episodes of the same action indices are the same episodes."""
+    assert [len(a.split()) for a in EQUAL_ACTIONS] == [3] * 6 == [len(a.split()) for a in set(EQUAL_ACTIONS)]
+    assert {action_tokens(a) for a in EQUAL_ACTIONS} == {4}
+    for on_wrong in ON_WRONG:
+        plain, equal = (make("chain", actions=6, on_wrong=on_wrong, equal_actions=e) for e in (False, True))
+        rng = random.Random(on_wrong)
+        for seed in range(30):
+            (_, a), (_, b) = plain.reset(seed), equal.reset(seed)
+            assert a["admissible_actions"] == list(ACTIONS) and b["admissible_actions"] == list(EQUAL_ACTIONS)
+            while True:
+                assert ACTIONS.index(plain.expert_action()) == EQUAL_ACTIONS.index(equal.expert_action())
+                i = rng.randrange(6)
+                p, e = plain.step(ACTIONS[i]), equal.step(EQUAL_ACTIONS[i])
+                assert (p[0], p[1], p[2], p[3], p[4]["won"]) == (e[0], e[1], e[2], e[3], e[4]["won"])
+                if p[2] or p[3]:
+                    break
+    assert make("chain", equal_actions=True, actions=2).reset(0)[1]["admissible_actions"] == list(EQUAL_ACTIONS[:2])
 
 
 def test_the_anchor_of_a_strayed_path_differs() -> None:
@@ -221,6 +302,7 @@ def test_the_table_is_the_same_in_every_process() -> None:
         ({"length": 0}, "length"),
         ({"on_wrong": "loop"}, "on_wrong"),
         ({"reward": "score"}, "reward"),
+        ({"equal_actions": "yes"}, "equal_actions"),
     ],
 )
 def test_bad_options_name_the_field(options: dict, field: str) -> None:
@@ -237,14 +319,16 @@ def test_limits_and_valid_values_are_listed() -> None:
 
 
 def test_on_wrong_sets_the_sign_of_the_coupling() -> None:
-    """Loops make failures longer, dead ends shorter, ``advance`` exactly as long; ``end`` and
-    ``advance`` share the policy's draws until the first wrong turn, so their success rates match."""
+    """Loops and traps make failures longer, dead ends shorter, ``advance`` exactly as long; ``end``,
+    ``advance`` and ``trap`` share the policy's draws until the first wrong turn, so their success
+    rates match."""
     stats = {w: coupling("chain", ("noisy_expert", 0.5), 500, on_wrong=w) for w in ON_WRONG}
     assert stats["stay"].ratio > 1.5 and stats["reset"].ratio > 1.5
     assert stats["stay"].failures_at_cap == stats["reset"].failures_at_cap == 1.0
     assert stats["end"].ratio < 0.6 and stats["end"].failures_at_cap == 0.0
     assert stats["advance"].ratio == 1.0
-    assert stats["end"].success_rate == stats["advance"].success_rate
+    assert stats["trap"].ratio == 15 / 5 and stats["trap"].failures_at_cap == 1.0  # every failure at the cap
+    assert stats["end"].success_rate == stats["advance"].success_rate == stats["trap"].success_rate
     assert 0.05 < stats["advance"].success_rate < 0.2  # about (1/2 + 1/8) ** 5 = 0.095
 
 

@@ -5,9 +5,11 @@ take the action that sign calls for there; the right action depends only on the 
 the sign, never on the task, so a policy that learns the table (position, sign) -> action solves
 every task, and tasks differ only in which sign stands where. What a wrong action does is the
 knob: it decides whether failures are longer than successes (``stay``, ``reset``: the agent
-loops to the step cap), shorter (``end``: a dead end) or exactly as long (``advance``: the
-control, no coupling), with the policy's skill held fixed (docs/envs.md#chain-a-table-to-learn). The admissible actions
-differ widely in length (1 to 9 words), so a token-mean loss weights them very differently.
+loops to the step cap; ``trap``: a dead end it wanders in until the cap), shorter (``end``: a dead
+end that stops at once) or exactly as long (``advance``: the control, no coupling), with the
+policy's skill held fixed (docs/envs.md#chain-a-table-to-learn). The admissible actions differ
+widely in length (1 to 9 words), so a token-mean loss weights them very differently; with
+``equal_actions`` they all have 3 words, the control for that difference.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Literal
 from .base import DrawnEnv, Effect, StepResult
 from .sampling import pick
 
-OnWrong = Literal["stay", "reset", "end", "advance"]
+OnWrong = Literal["stay", "reset", "end", "advance", "trap"]
 Reward = Literal["success", "progress"]
 
 SIGNS = ("red", "green", "blue", "yellow", "white", "black")
@@ -35,6 +37,16 @@ ACTIONS = (
 )
 """The admissible actions, the first ``actions`` of them in this order. Their word counts (1, 9,
 3, 2, 6, 4) all differ, so the rows of one step differ in tokens by the action taken."""
+EQUAL_ACTIONS = (
+    "go straight ahead",
+    "turn the key",
+    "push the gate",
+    "wait right here",
+    "climb the ladder",
+    "ring the bell",
+)
+"""The admissible actions under ``equal_actions``: the same task (action ``i`` is right where
+``ACTIONS[i]`` is), every phrase 3 words, so every row of a step has the same tokens."""
 
 TASK = "Reach the end of the chain: at each step, take the action the sign calls for."
 
@@ -55,11 +67,16 @@ class ChainOptions:
       loop to the cap and successes must be nearly clean. ``end``: the episode ends at once as a
       failure, a dead end (failures shorter than successes). ``advance``: the agent moves on but
       can no longer win, so every episode of admissible actions lasts exactly ``length`` steps
-      (no coupling: the control).
+      (no coupling: the control). ``trap``: a dead end that does not stop: the agent stays where
+      it went wrong, told it cannot reach the end, and every action leaves it there until the cap
+      (failures run to the cap, successes last exactly ``length`` steps: the ratio is
+      ``max_steps / length``).
     * ``reward``: ``success`` (1 on the step that reaches the end, else 0) or ``progress``
       (partial credit on the episode's last step, truncated or not: the furthest position
       reached over ``length``, or under ``advance`` the correct actions taken over ``length``; a
       win pays 1). ``won`` is reaching the end without a wrong turn either way.
+    * ``equal_actions``: the actions of :data:`EQUAL_ACTIONS` (3 words each) instead of
+      :data:`ACTIONS` (1 to 9 words); the same task otherwise.
     """
 
     max_steps: int = field(default=15, metadata={"min": 1})
@@ -68,6 +85,7 @@ class ChainOptions:
     actions: int = field(default=4, metadata={"min": 2})
     on_wrong: OnWrong = "stay"
     reward: Reward = "success"
+    equal_actions: bool = False
 
     def __post_init__(self) -> None:
         # options.py checks lower bounds only; the upper bounds are the sizes of the vocabularies.
@@ -88,7 +106,7 @@ class ChainEnv(DrawnEnv[list[int]]):
     """Chain tasks; see the module docstring and docs/envs.md.
 
     A world is the sign index at each position. Observations show the position and its sign
-    (and, under ``advance``, that the agent went wrong), never a sign further on.
+    (and, under ``advance`` and ``trap``, that the agent went wrong), never a sign further on.
     """
 
     name = "chain"
@@ -101,8 +119,8 @@ class ChainEnv(DrawnEnv[list[int]]):
         length, actions = self.options.length, self.options.actions
         # The expert wins every world in exactly ``length`` steps, so nothing is ever redrawn.
         self.expert_step_bound = length
-        self._effects: dict[str, Effect] = {phrase: partial(self._take, i)
-                                             for i, phrase in enumerate(ACTIONS[: self.options.actions])}
+        self._phrases = (EQUAL_ACTIONS if self.options.equal_actions else ACTIONS)[:actions]
+        self._effects: dict[str, Effect] = {phrase: partial(self._take, i) for i, phrase in enumerate(self._phrases)}
         self._correct = [
             [correct_action(p, sign, actions) for sign in SIGNS[: self.options.signs]]
             for p in range(length)
@@ -112,7 +130,8 @@ class ChainEnv(DrawnEnv[list[int]]):
         """The state without the task seed: ``chain[<options>]|<state>``.
 
         A state (position, sign, whether the agent went wrong, and under ``progress`` the credit
-        earned) means the same in every task, since the right action depends on position and
+        earned) means the same in every task (a trapped state is never a live one: it names that
+        the agent went wrong), since the right action depends on position and
         sign alone; so a table keyed by anchors generalises across tasks. Within one task (the
         rollouts of a GRPO/GiGPO group share a seed) equal anchors are still equal states, which
         is all GiGPO's step-level groups need.
@@ -138,7 +157,7 @@ class ChainEnv(DrawnEnv[list[int]]):
     def _start(self, signs: list[int]) -> tuple[str, str]:
         self._signs = signs
         self._position = 0
-        self._strayed = False  # advance: went wrong and cannot win; end: fell off the chain
+        self._strayed = False  # advance, trap: went wrong and cannot win; end: fell off the chain
         self._credit = 0  # the furthest position reached, or under advance the correct actions
         return TASK, self._view()
 
@@ -182,6 +201,8 @@ class ChainEnv(DrawnEnv[list[int]]):
     def _take(self, action: int) -> str:
         length, on_wrong = self.options.length, self.options.on_wrong
         right = action == self._correct[self._position][self._signs[self._position]]
+        if on_wrong == "trap" and self._strayed:  # nothing leads out: the episode runs to the cap
+            return self._view()
         if on_wrong == "advance":
             self._position += 1
             self._credit += int(right)
@@ -204,11 +225,14 @@ class ChainEnv(DrawnEnv[list[int]]):
             self._strayed = True
             self._finish(self._payoff(False), False)
             return "Wrong way: the chain breaks here."
+        if on_wrong == "trap":
+            self._strayed = True  # where it went wrong: its furthest position is the credit it keeps
         if on_wrong == "reset":
             self._position = 0
         return self._view()
 
     def _expert(self) -> str:
         """The action the sign calls for; under ``advance`` after a wrong turn it still earns
-        ``progress`` credit. The expert knows the table, not the signs further on."""
-        return ACTIONS[self._correct[self._position][self._signs[self._position]]]
+        ``progress`` credit, in a ``trap`` it changes nothing (no action does). The expert knows
+        the table, not the signs further on."""
+        return self._phrases[self._correct[self._position][self._signs[self._position]]]
