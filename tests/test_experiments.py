@@ -204,8 +204,8 @@ def _fake_run(rd, curve, rows_per_iter=6, horizon=4, eval_every=2, summary=True,
     lines = []
     for it in range(horizon + 1):
         rec = {"iteration": it}
-        if it:
-            rec["rows"] = rows_per_iter
+        if it:  # as the trainer logs the batch below: a success of 2 rows, a failure of 4
+            rec.update(rows=rows_per_iter, rows_per_traj_success=2.0, rows_per_traj_failure=4.0)
         if it % eval_every == 0:
             rec["eval_success"] = curve[it // eval_every]
             if sampled is not None:
@@ -296,6 +296,74 @@ def test_report_numbers_on_a_hand_made_directory(hand_made):
     assert all(_is_png(hand_made / p) for p in PNGS)
 
 
+def test_metrics_coupling_by_hand():
+    """Per iteration K_fail / K_success, then the mean over the iterations where both are defined: (3/2 + 8/4) / 2,
+    not the ratio of the means (5.5 / 3); iterations after the horizon and the warm start's record are skipped."""
+    from oma.experiments.report import AUDIT_ONLY, metrics_coupling
+
+    records = [{"iteration": 0, "eval_success": 0.1},
+               {"iteration": 1, "rows_per_traj_failure": 3.0, "rows_per_traj_success": 2.0, "oma/failure_mass_share": 0.6},
+               {"iteration": 2, "rows_per_traj_failure": 8.0, "rows_per_traj_success": 4.0, "oma/failure_mass_share": 0.8},
+               {"iteration": 3, "rows_per_traj_failure": 5.0, "rows_per_traj_success": None},  # no success yet
+               {"iteration": 4, "rows_per_traj_failure": 100.0, "rows_per_traj_success": 1.0}]  # past the horizon
+    got, n = metrics_coupling(records, 3)
+    assert n == 3
+    assert got["expansion_ratio"] == pytest.approx((3 / 2 + 8 / 4) / 2)
+    assert got["rows_per_traj_failure"] == pytest.approx((3 + 8 + 5) / 3)
+    assert got["rows_per_traj_success"] == pytest.approx(3.0)
+    assert got["failure_mass_trained"] == pytest.approx(0.7)
+    assert all(math.isnan(got[k]) for k in AUDIT_ONLY)
+
+
+def test_report_coupling_from_metrics_on_the_hand_made_directory(hand_made, tmp_path, capsys):
+    assert oma_main(["report", str(hand_made), "--coupling", "metrics", "--out", str(tmp_path / "m.md")]) == 0
+    res = json.loads((tmp_path / "m.results.json").read_text())
+    c = res["variants"]["OA+MA"]["coupling"]
+    assert res["coupling_source"] == "metrics"
+    assert c["expansion_ratio"]["mean"] == pytest.approx(2.0) and c["rows_per_traj_failure"]["mean"] == pytest.approx(4.0)
+    assert c["failure_mass_native"] is None and c["coupling_rows_outcome"] is None  # the audit's alone
+    report = (tmp_path / "m.md").read_text()
+    assert "From each run's metrics.jsonl" in report and "iterations logged" in report
+    assert all(r["audited_batches"] == 0 and r["coupling_iterations"] == 4 for r in res["runs"])
+    assert oma_main(["report", str(hand_made), "--coupling", "both"]) == 2
+    assert "--coupling" in capsys.readouterr().err
+
+
+def test_compare_no_dump_reads_the_coupling_the_audit_gives(tmp_path, capsys):
+    """The same tabular runs with and without dumps: training does not depend on the dump, and the expansion ratio
+    and rows per trajectory read from metrics.jsonl equal the audit's of the dumped batches, run by run."""
+    base = ["compare", "configs/chain-tabular-grpo.yaml", "env.eval_tasks=8", "eval_every=1", "--variants", "2",
+            "--seeds", "2", "--horizon", "2", "--metric", "sampled"]
+    dumped, bare = tmp_path / "dumped", tmp_path / "bare"
+    assert oma_main([*base, "--out", str(dumped)]) == 0
+    assert oma_main([*base, "--no-dump", "--out", str(bare)]) == 0
+    doc = json.loads((bare / "compare.json").read_text())
+    assert doc["config"]["dump_batches"] is False and "--no-dump" in doc["command"]
+    assert not list(bare.glob("*/seed-*/batches")) and len(list(dumped.glob("*/seed-*/batches"))) == 4
+    assert "From each run's metrics.jsonl" in (bare / "report.md").read_text()
+    audited = {(r["variant"], r["seed"]): r for r in json.loads((dumped / "results.json").read_text())["runs"]}
+    logged = {(r["variant"], r["seed"]): r for r in json.loads((bare / "results.json").read_text())["runs"]}
+    assert json.loads((bare / "results.json").read_text())["coupling_source"] == "metrics"
+    for key, r in logged.items():
+        assert r["endpoint"] == audited[key]["endpoint"]  # the same training
+        for figure in ("expansion_ratio", "rows_per_traj_failure", "rows_per_traj_success", "failure_mass_trained"):
+            assert r["coupling"][figure] == pytest.approx(audited[key]["coupling"][figure], rel=1e-12), (key, figure)
+        assert audited[key]["audited_batches"] == 2 and r["coupling_iterations"] == 2
+    # the hosts' oma/expansion_ratio of every iteration is the same figure (every tabular row carries tokens)
+    for rd in bare.glob("*/seed-*"):
+        for rec in map(json.loads, (rd / "metrics.jsonl").read_text().splitlines()[1:]):
+            if rec["rows_per_traj_success"] and rec["rows_per_traj_failure"]:
+                ratio = rec["rows_per_traj_failure"] / rec["rows_per_traj_success"]
+                assert rec["oma/expansion_ratio"] == pytest.approx(ratio, rel=1e-12)
+    # the audit of runs that dumped nothing is refused; the dumped ones read either way
+    assert oma_main(["report", str(bare), "--coupling", "audit"]) == 2
+    assert "--no-dump" in capsys.readouterr().err
+    # a comparison's runs are extended with the same dump setting only
+    assert oma_main([*base[:-6], "--seeds", "2", "--horizon", "3", "--metric", "sampled", "--out", str(bare)]) == 2
+    err = capsys.readouterr().err
+    assert "dump_batches" in err and "--no-dump" in err and err.count("\n") == 1
+
+
 def test_report_metric_sampled_reads_the_sampled_curve_by_hand(tmp_path):
     out = tmp_path / "sampled"
     greedy, sampled = {0: [0.0, 1.0, 1.0], 1: [0.0, 1.0, 1.0]}, {0: [0.1, 0.3, 0.5], 1: [0.1, 0.2, 0.6]}
@@ -360,6 +428,7 @@ def test_report_says_when_nothing_is_significant(tmp_path):
     (["iterations=5"], "use --horizon"),
     (["seed=3"], "--seeds"),
     (["out_dir=x"], "use --out"),
+    (["dump_batches=false"], "--no-dump makes it false"),
     (["env.group_sise=4"], "unknown config key"),
     (["configs/no-such.yaml"], "does not exist"),
 ])

@@ -1,11 +1,12 @@
-"""``oma compare CONFIG [key=value ...] --variants 2x2 --seeds 3 --horizon H [--out DIR] [--jobs N]``.
+"""``oma compare CONFIG [key=value ...] --variants 2x2 --seeds 3 --horizon H [--out DIR] [--jobs N] [--no-dump]``.
 
 Runs the accountings of a config (row/trajectory × native/MA, :mod:`oma.experiments.variants`)
 for seeds 0..S−1 at a matched horizon H (docs/experiments.md#the-metrics) and writes the report of
 :mod:`oma.experiments.report`. Layout (docs/experiments.md)::
 
     DIR/compare.json               the command, config, machine, per-run status and wall time
-    DIR/<variant>/seed-<k>/        one `oma train` run directory each (dump_batches=true)
+    DIR/<variant>/seed-<k>/        one `oma train` run directory each (dump_batches=true; false with --no-dump,
+                                   and the report then reads each run's coupling from its metrics.jsonl)
     DIR/report.md, DIR/*.png       the report
 
 Within a seed every variant starts from the same cached warm start and sees the same task seeds:
@@ -52,7 +53,7 @@ RESERVED: dict[str, str] = {
     "seed": "the runs use seeds 0..S-1 (--seeds S)",
     "iterations": "use --horizon",
     "out_dir": "use --out",
-    "dump_batches": "it is always true (the report audits the dumped batches)",
+    "dump_batches": "it is true, so the report audits the dumped batches; --no-dump makes it false",
 }
 """Config keys `oma compare` sets itself: an override of one is an error naming the right flag."""
 
@@ -96,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
                    "trains; what the tabular lane reports)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="runs in parallel worker processes (default 1: one "
                    "after another); each gets max(1, cpu_count // N) torch threads")
+    p.add_argument("--no-dump", action="store_true", help="dump no batches (dump_batches=false): faster; the report "
+                   "takes each run's coupling from its metrics.jsonl instead of auditing its batches")
     return p
 
 
@@ -118,14 +121,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _base_record(base, horizon: int, out: Path) -> dict:
+def _base_record(base, horizon: int, out: Path, dump: bool) -> dict:
     """The config as stored in compare.json: per-run keys say where they come from."""
     from oma.train import to_dict
 
     d = to_dict(base)
     d["iterations"] = horizon
     d["out_dir"] = str(out)
-    d["dump_batches"] = True
+    d["dump_batches"] = dump
     d["seed"] = "per run: 0..S-1"
     d["algo"]["accounting"] = "per variant"
     d["algo"]["mass"] = "per variant"
@@ -142,7 +145,8 @@ def _load_previous(out: Path, record: dict) -> dict | None:
         raise CompareError(f"{path} is not valid JSON ({e}); remove it or use another --out") from None
     diff = config_diff(prev.get("config", {}), record, MAY_DIFFER)
     if diff:
-        raise CompareError(f"{out} holds a comparison of another config: it differs in {', '.join(diff)}; "
+        dump = " (give --no-dump exactly when its runs were trained with it)" if any(d.startswith("dump_batches") for d in diff) else ""
+        raise CompareError(f"{out} holds a comparison of another config: it differs in {', '.join(diff)}{dump}; "
                            "use another --out")
     return prev
 
@@ -171,11 +175,11 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     cpus = os.cpu_count() or 1
     threads = base.threads if jobs == 1 else max(1, cpus // jobs)
 
-    record = _base_record(base, horizon, out)
+    record = _base_record(base, horizon, out, not args.no_dump)
     prev = _load_previous(out, record)
     runs = [Run(v, k, out / v.name / f"seed-{k}", None) for k in seeds for v in variants]
     for r in runs:
-        r.cfg = run_config(base, r.variant, r.seed, horizon, r.run_dir)
+        r.cfg = run_config(base, r.variant, r.seed, horizon, r.run_dir, dump=not args.no_dump)
         r.state = run_state(r)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -72,15 +72,16 @@ def study_runs(roots: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
     return found, recorded
 
 
-def run_config(base, variant: Variant, seed: int, horizon: int, run_dir: Path):
-    """The TrainConfig of one run: ``base`` with the variant's switches, the seed and the horizon."""
+def run_config(base, variant: Variant, seed: int, horizon: int, run_dir: Path, dump: bool = True):
+    """The TrainConfig of one run: ``base`` with the variant's switches, the seed and the horizon; its
+    batches dumped for the report's audit unless ``dump`` is false (``--no-dump``)."""
     cfg = copy.deepcopy(base)
     cfg.algo.accounting = variant.accounting
     cfg.algo.mass = variant.mass
     cfg.seed = seed
     cfg.iterations = horizon
     cfg.out_dir = str(run_dir)
-    cfg.dump_batches = True
+    cfg.dump_batches = dump
     return cfg
 
 

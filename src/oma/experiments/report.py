@@ -1,6 +1,6 @@
-"""``oma report DIR [--out FILE.md] [--horizon H]``: the report of an ``oma compare`` directory (docs/experiments.md#the-metrics).
+"""``oma report DIR [--out FILE.md] [--horizon H] [--metric M] [--coupling audit|metrics]``: the report of an ``oma compare`` directory (docs/experiments.md#the-metrics).
 
-Reads ``DIR/compare.json`` and every run's ``metrics.jsonl`` and ``batches/``; writes
+Reads ``DIR/compare.json`` and every run's ``metrics.jsonl`` and (``--coupling audit``) ``batches/``; writes
 ``DIR/report.md`` (or FILE.md), PNGs beside it and ``results.json`` (every number of the report).
 
 Per run (seed k of variant v), at the matched horizon H:
@@ -11,8 +11,12 @@ Per run (seed k of variant v), at the matched horizon H:
 * endpoint = mean of the last 3 evaluations ≤ H; nAUC = trapezoid area on [0, H] / H
   (:mod:`oma.experiments.stats`);
 * env steps = Σ of the training rows (one row per agent step) over iterations 1..H;
-* the expansion–outcome coupling of its own rollouts, from :func:`oma.diagnostics.audit` of each
-  dumped batch ≤ H, averaged over iterations (mean of the defined values).
+* the expansion–outcome coupling of its own rollouts at iterations ≤ H, averaged over iterations (mean
+  of the defined values): from :func:`oma.diagnostics.audit` of each dumped batch (``--coupling
+  audit``, the default when the runs dumped batches), or from what the trainer logged in
+  ``metrics.jsonl`` (``--coupling metrics``, the default after ``oma compare --no-dump``), which gives
+  the rows per trajectory and the expansion ratio by the audit's definition (:func:`metrics_coupling`)
+  but neither the within-group correlation nor the audit's masses.
 
 Per variant: mean and 95% Student-t CI over seeds, and the paired difference to row+native
 (same seed: same warm start, same task seeds); significant = its CI excludes 0. Across all the
@@ -54,8 +58,21 @@ COUPLING: tuple[tuple[str, str, str], ...] = (
      "(the reducer's native mass: what verl-agent's loss gives them)")),
     ("failure_mass_own", "failure mass, own", ("objective-mass share of failures under the variant's own "
      "accounting (the mass it actually trained with)")),
+    ("failure_mass_trained", "failure mass, trained", ("objective-mass share of failures in the weights the run "
+     "trained with, each mini-batch weighted on its own (metrics.jsonl `oma/failure_mass_share`; n/a for runs "
+     "older than it)")),
 )
 """(key, column title, meaning) of the coupling figures averaged per run."""
+
+AUDIT_ONLY = ("coupling_rows_outcome", "failure_mass_native", "failure_mass_own")
+"""Coupling figures only the audit of dumped batches gives (``--coupling metrics`` leaves them NaN)."""
+
+COUPLING_SOURCES: dict[str, str] = {
+    "audit": "`oma audit` of every dumped training batch at iterations ≤ H",
+    "metrics": ("each run's metrics.jsonl at iterations ≤ H (`rows_per_traj_failure`, `rows_per_traj_success`, "
+                "`oma/failure_mass_share`, logged by the trainer; no batch audited)"),
+}
+"""``--coupling`` values and where each takes the coupling figures from, as the report says it."""
 
 IMAGES = {
     "success_curves": "success_curves.png",
@@ -93,6 +110,8 @@ class RunResult:
     env_steps: int
     coupling: dict[str, float] = field(default_factory=dict)
     audited_batches: int = 0
+    coupling_iterations: int = 0
+    """The iterations the coupling figures average over: batches audited, or metrics.jsonl records read."""
 
 
 def run_coupling(run_dir: Path, horizon: int, config: dict, audit_name: str) -> tuple[dict[str, float], int]:
@@ -135,12 +154,43 @@ def run_coupling(run_dir: Path, horizon: int, config: dict, audit_name: str) -> 
     return {k: float(np.mean(v)) if v else math.nan for k, v in values.items()}, n
 
 
+def metrics_coupling(records: list[dict], horizon: int) -> tuple[dict[str, float], int]:
+    """The coupling figures a run logged in metrics.jsonl at iterations 1..horizon, by the audit's
+    definitions per iteration, each averaged over the iterations where it is defined (NaN when never):
+
+        K_fail(i), K_success(i) = ``rows_per_traj_failure``, ``rows_per_traj_success`` of iteration i
+            (mean steps of its failed / won episodes: one row per step, success by ``won``, as the
+            audit counts the rows K_τ of its dumped batch)
+        expansion_ratio(i) = K_fail(i) / K_success(i)   (defined when the batch has both outcomes)
+        failure_mass_trained(i) = ``oma/failure_mass_share`` of iteration i
+
+    so the ratio is the mean over iterations of per-iteration ratios, as :func:`run_coupling`'s, not
+    a ratio of means. The figures only the audit gives (:data:`AUDIT_ONLY`) are NaN. Also returns
+    the number of iterations read."""
+    values: dict[str, list[float]] = {k: [] for k, _, _ in COUPLING}
+    n = 0
+    for r in records:
+        if not 1 <= int(r["iteration"]) <= horizon:
+            continue
+        n += 1
+        fail, ok = r.get("rows_per_traj_failure"), r.get("rows_per_traj_success")
+        got = {"rows_per_traj_failure": fail, "rows_per_traj_success": ok,
+               "expansion_ratio": fail / ok if fail is not None and ok else None,
+               "failure_mass_trained": r.get("oma/failure_mass_share")}
+        for k, v in got.items():
+            if v is not None and math.isfinite(v):
+                values[k].append(float(v))
+    return {k: float(np.mean(v)) if v else math.nan for k, v in values.items()}, n
+
+
 METRICS: dict[str, str] = {"greedy": "eval_success", "sampled": "eval_sampled_success"}
 """``--metric`` values and the ``metrics.jsonl`` key of the success curve each reports."""
 
 
-def load_run(run_dir: Path, variant: str, seed: int, horizon: int, metric: str = "greedy") -> RunResult | str:
-    """The run's figures at ``horizon`` on success ``metric``, or a one-line reason why it cannot be used."""
+def load_run(run_dir: Path, variant: str, seed: int, horizon: int, metric: str = "greedy",
+             coupling_from: str = "audit") -> RunResult | str:
+    """The run's figures at ``horizon`` on success ``metric``, its coupling from ``coupling_from``
+    (:data:`COUPLING_SOURCES`), or a one-line reason why it cannot be used."""
     from oma.train import read_metrics
 
     if not (run_dir / "summary.json").is_file():
@@ -158,11 +208,17 @@ def load_run(run_dir: Path, variant: str, seed: int, horizon: int, metric: str =
         area = nauc(its, vals, horizon)
     except ValueError as e:
         return str(e)
-    config = json.loads((run_dir / "config.json").read_text())
-    audit_name = VARIANTS[variant].audit_name if variant in VARIANTS else "row+native"
-    coupling, n = run_coupling(run_dir, horizon, config, audit_name)
+    coupling, logged = metrics_coupling(records, horizon)
+    audited = 0
+    if coupling_from == "audit":
+        config = json.loads((run_dir / "config.json").read_text())
+        audit_name = VARIANTS[variant].audit_name if variant in VARIANTS else "row+native"
+        trained = coupling["failure_mass_trained"]
+        coupling, audited = run_coupling(run_dir, horizon, config, audit_name)
+        coupling["failure_mass_trained"] = trained  # only the metrics have it
     steps = sum(int(r.get("rows", 0)) for r in records if 1 <= int(r["iteration"]) <= horizon)
-    return RunResult(variant, seed, run_dir, its, vals, ep, endpoint_iterations(its, horizon), area, steps, coupling, n)
+    return RunResult(variant, seed, run_dir, its, vals, ep, endpoint_iterations(its, horizon), area, steps, coupling,
+                     audited, audited if coupling_from == "audit" else logged)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -182,10 +238,25 @@ def _variant_curve(results: list[RunResult], horizon: int) -> tuple[np.ndarray, 
     return grid, np.array([e.mean for e in est]), np.array([e.half_width for e in est]), len(results)
 
 
-def analyse(out: Path, horizon: int | None = None, metric: str | None = None) -> dict[str, Any]:
+def coupling_source(doc: dict, coupling: str | None) -> str:
+    """Where the coupling figures come from: ``coupling`` (:data:`COUPLING_SOURCES`), or by default the
+    audit when the runs dumped their batches and their metrics after ``oma compare --no-dump``. The audit
+    of runs that dumped nothing is refused."""
+    dumped = doc.get("config", {}).get("dump_batches", True)
+    source = coupling or ("audit" if dumped else "metrics")
+    if source not in COUPLING_SOURCES:
+        raise ReportError(f"--coupling {source!r} is not valid; expected one of {list(COUPLING_SOURCES)}")
+    if source == "audit" and not dumped:
+        raise ReportError("--coupling audit: the runs dumped no batches (oma compare --no-dump); use --coupling metrics")
+    return source
+
+
+def analyse(out: Path, horizon: int | None = None, metric: str | None = None,
+            coupling: str | None = None) -> dict[str, Any]:
     """Every figure of the report as a dict (``results.json``), plus the RunResults under ``_runs``.
 
-    ``metric`` (``greedy`` | ``sampled``; None = the one ``oma compare --metric`` recorded) picks the success curve."""
+    ``metric`` (``greedy`` | ``sampled``; None = the one ``oma compare --metric`` recorded) picks the success curve,
+    ``coupling`` (:func:`coupling_source`) where the coupling figures come from."""
     path = out / "compare.json"
     if not path.is_file():
         raise ReportError(f"{out} has no compare.json; is it an `oma compare` output directory?")
@@ -196,13 +267,14 @@ def analyse(out: Path, horizon: int | None = None, metric: str | None = None) ->
     metric = metric or doc.get("metric", "greedy")
     if metric not in METRICS:
         raise ReportError(f"--metric {metric!r} is not valid; expected one of {list(METRICS)}")
+    source = coupling_source(doc, coupling)
     variants = [v["name"] for v in doc["variants"]]
     seeds = [int(s) for s in doc["seeds"]]
     runs: dict[str, dict[int, RunResult]] = {v: {} for v in variants}
     missing: list[str] = []
     for v in variants:
         for k in seeds:
-            got = load_run(out / v / f"seed-{k}", v, k, h, metric)
+            got = load_run(out / v / f"seed-{k}", v, k, h, metric, source)
             if isinstance(got, str):
                 missing.append(f"{v}/seed-{k}: {got}")
             else:
@@ -230,8 +302,9 @@ def analyse(out: Path, horizon: int | None = None, metric: str | None = None) ->
                                                  [runs[BASELINE][k].nauc for k in paired])
         per_variant[v] = entry
     ep_its = sorted({tuple(r.endpoint_iterations) for rv in runs.values() for r in rv.values()})
-    return {"compare": doc, "horizon": h, "metric": metric, "variants": variants, "seeds": seeds, "per_variant": per_variant,
-            "missing": missing, "endpoint_iterations": [list(t) for t in ep_its], "_runs": runs}
+    return {"compare": doc, "horizon": h, "metric": metric, "coupling_source": source, "variants": variants,
+            "seeds": seeds, "per_variant": per_variant, "missing": missing,
+            "endpoint_iterations": [list(t) for t in ep_its], "_runs": runs}
 
 
 DIFFS: tuple[tuple[str, str], ...] = (("diff_endpoint", "endpoint success"), ("diff_nauc", "nAUC"))
@@ -339,6 +412,7 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
             "(fewer when fewer evaluations fall at or before H; never interpolated)"),
             ("* nAUC = trapezoid area under the success curve on [0, H] / H (the value at H is interpolated linearly "
             "between evaluations when H is not an evaluation iteration)"),
+            f"* coupling: from {COUPLING_SOURCES[a['coupling_source']]} (`--coupling {a['coupling_source']}`)",
             ""]
     variants_table = [[v["name"], v["algo.accounting"], v["algo.mass"]] for v in doc["variants"]]
     out += _table(["variant", "algo.accounting", "algo.mass"], variants_table)
@@ -346,6 +420,9 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
     out += ["## Results", "",
             (f"Mean ± 95% CI (Student t) over seeds at H = {h}; Δ = paired difference to {BASELINE} (same seed), "
             "mean [95% CI]; **bold ✱** = the CI excludes 0."), ""]
+    # the audit's native failure mass; without batches the one each run trained with, from its metrics
+    mass_key = "failure_mass_native" if a["coupling_source"] == "audit" else "failure_mass_trained"
+    mass_title = next(t for k, t, _ in COUPLING if k == mass_key)
     rows = []
     for v in a["variants"]:
         e = pv[v]
@@ -356,10 +433,11 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
         rows.append([v, str(e["n_seeds"]), _est(e["endpoint"]), _est(e["nauc"]),
                      "baseline" if v == BASELINE else _diff(e.get("diff_endpoint")),
                      "baseline" if v == BASELINE else _diff(e.get("diff_nauc")),
-                     _est(cpl["expansion_ratio"], 2), _est(cpl["failure_mass_native"], 2), _est(e["env_steps"], 0)])
+                     _est(cpl["expansion_ratio"], 2), _est(cpl[mass_key], 2), _est(e["env_steps"], 0)])
     out += _table(["variant", "seeds", "endpoint", "nAUC", "Δ endpoint", "Δ nAUC", "K fail / K success",
-                   "failure mass, native", "env steps (training)"], rows)
-    out += [("Coupling columns: the variant's own rollouts, audited (next sections); env steps = training rows "
+                   mass_title, "env steps (training)"], rows)
+    own = "audited" if a["coupling_source"] == "audit" else "as its runs logged them"
+    out += [(f"Coupling columns: the variant's own rollouts, {own} (next sections); env steps = training rows "
             "(one per agent step) over iterations 1..H, evaluation episodes excluded."), ""]
 
     out += ["## Significance", ""]
@@ -374,10 +452,15 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
             f"![nAUC, mean and 95% CI]({images['nauc']})", "",
             f"![Paired differences to {BASELINE}]({images['paired']})", ""]
 
+    source = a["coupling_source"]
     out += ["## Expansion–outcome coupling", "",
-            ("From `oma audit` of every dumped training batch at iterations ≤ H, averaged over the iterations where "
+            (f"From {COUPLING_SOURCES[source]}, averaged over the iterations where "
             "a figure is defined (e.g. K fail / K success needs both outcomes in the batch), then mean ± 95% CI "
-            "over seeds (n = the seeds where it is defined, when fewer). Each variant's own rollouts."), ""]
+            "over seeds (n = the seeds where it is defined, when fewer). Each variant's own rollouts."
+            + ("" if source == "audit" else
+               " The rows per trajectory and K fail / K success are the audit's figures, per iteration; "
+               + " and ".join(f"*{t}*" for k, t, _ in COUPLING if k in AUDIT_ONLY)
+               + " need the dumped batches (n/a here).")), ""]
     crow = []
     for v in a["variants"]:
         e = pv[v]
@@ -394,10 +477,10 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
     for v in a["variants"]:
         for k, r in sorted(a["_runs"][v].items()):
             prow.append([v, str(k), _num(r.endpoint), _num(r.nauc), str(r.env_steps),
-                         _num(r.coupling["expansion_ratio"], 2), _num(r.coupling["failure_mass_native"], 2),
-                         str(r.audited_batches)])
-    out += _table(["variant", "seed", "endpoint", "nAUC", "env steps", "K fail / K success", "failure mass, native",
-                   "batches audited"], prow)
+                         _num(r.coupling["expansion_ratio"], 2), _num(r.coupling[mass_key], 2),
+                         str(r.coupling_iterations)])
+    read = "batches audited" if source == "audit" else "iterations logged"
+    out += _table(["variant", "seed", "endpoint", "nAUC", "env steps", "K fail / K success", mass_title, read], prow)
 
     out += ["## Machine and wall time", ""]
     out += [(f"* {m.get('platform')} ({m.get('machine')}), Python {m.get('python')}, torch {m.get('torch')}, "
@@ -455,15 +538,16 @@ def results_dict(a: dict[str, Any]) -> dict[str, Any]:
     runs = [{"variant": r.variant, "seed": r.seed, "endpoint": r.endpoint, "endpoint_iterations": r.endpoint_iterations,
              "nauc": r.nauc, "env_steps": r.env_steps, "eval_iterations": r.eval_iterations,
              "eval_success": r.eval_success, "audited_batches": r.audited_batches,
-             "coupling": {k: num(x) for k, x in r.coupling.items()}}
+             "coupling_iterations": r.coupling_iterations, "coupling": {k: num(x) for k, x in r.coupling.items()}}
             for rv in a["_runs"].values() for r in rv.values()]
     holm_kept = {f"{v}/{key}": k for v, key, _, d, k in comparisons(a) if math.isfinite(d.p)}
-    return {"horizon": a["horizon"], "metric": a["metric"], "baseline": BASELINE, "variants": pv, "runs": runs, "missing": a["missing"],
+    return {"horizon": a["horizon"], "metric": a["metric"], "coupling_source": a["coupling_source"], "baseline": BASELINE,
+            "variants": pv, "runs": runs, "missing": a["missing"],
             "significance": significance_statements(a), "holm_significant": holm_kept}
 
 
 def write_report(out: Path, out_file: Path | None = None, horizon: int | None = None, console=None,
-                 metric: str | None = None) -> Path:
+                 metric: str | None = None, coupling: str | None = None) -> Path:
     """Analyse ``out`` and write the Markdown report, its PNGs (beside it) and results.json; return its path."""
     from oma.experiments import plots
     from oma.files import atomic_write_text
@@ -477,7 +561,7 @@ def write_report(out: Path, out_file: Path | None = None, horizon: int | None = 
         raise ReportError(f"--out {target}: directory {target.parent} does not exist")
     if target.is_dir():
         raise ReportError(f"--out {target}: is a directory; give a file name such as report.md")
-    a = analyse(out, horizon, metric)
+    a = analyse(out, horizon, metric, coupling)
     pv = a["per_variant"]
     h = a["horizon"]
     plots.success_curves({v: e["curve"] for v, e in pv.items() if "curve" in e}, h, folder / IMAGES["success_curves"],
@@ -513,13 +597,17 @@ def main(argv: list[str]) -> int:
                    "every run must have reached it")
     p.add_argument("--metric", default=None, choices=list(METRICS),
                    help="success curve: greedy or sampled held-out success (default: the one of compare.json)")
+    p.add_argument("--coupling", default=None, choices=list(COUPLING_SOURCES),
+                   help="coupling figures from the audit of the dumped batches (the default when the runs dumped "
+                   "them) or from each run's metrics.jsonl (the default after oma compare --no-dump; faster)")
     try:
         args = p.parse_args(argv)
         if args.horizon is not None and args.horizon < 1:
             raise ReportError(f"--horizon must be >= 1, got {args.horizon}")
         from rich.console import Console
 
-        path = write_report(Path(args.dir), Path(args.out) if args.out else None, args.horizon, Console(), args.metric)
+        path = write_report(Path(args.dir), Path(args.out) if args.out else None, args.horizon, Console(), args.metric,
+                            args.coupling)
     except SystemExit as done:  # --help
         return int(done.code or 0) if isinstance(done.code, int) else 0
     except (ReportError, OSError, ValueError) as e:
