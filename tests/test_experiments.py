@@ -364,6 +364,19 @@ def test_compare_no_dump_reads_the_coupling_the_audit_gives(tmp_path, capsys):
     assert "dump_batches" in err and "--no-dump" in err and err.count("\n") == 1
 
 
+def test_report_baseline_gain_by_hand(hand_made):
+    """row+native's endpoint − its iteration-0 success, per seed, then mean and 95% CI over the 4 finished seeds."""
+    assert oma_main(["report", str(hand_made)]) == 0
+    res = json.loads((hand_made / "results.json").read_text())
+    gains = [sum(c) / 3 - c[0] for c in (*BASE.values(), [0.0, 0.0, 0.0])]  # 0.2, 0.0667, 0.1667, 0
+    mean, hw = _ci(gains)
+    got = res["baseline_gain"]
+    assert got["n"] == 4 and got["mean"] == pytest.approx(mean) and got["half_width"] == pytest.approx(hw, rel=2e-4)
+    assert got["mean"] == pytest.approx((0.2 + 0.5 / 3 - 0.1 + 0.5 / 3) / 4)
+    report = (hand_made / "report.md").read_text()
+    assert f"Baseline gain: row+native gained {mean:+.3f} [{mean - hw:+.3f}, {mean + hw:+.3f}] over its warm start" in report
+
+
 def test_report_metric_sampled_reads_the_sampled_curve_by_hand(tmp_path):
     out = tmp_path / "sampled"
     greedy, sampled = {0: [0.0, 1.0, 1.0], 1: [0.0, 1.0, 1.0]}, {0: [0.1, 0.3, 0.5], 1: [0.1, 0.2, 0.6]}

@@ -230,6 +230,13 @@ def _ci_or_none(values: list[float]) -> Estimate | None:
     return mean_ci(finite) if finite else None
 
 
+def gain(run: RunResult) -> float:
+    """What a run learned over its warm start: endpoint − success at iteration 0 (NaN when its curve has no
+    evaluation at 0)."""
+    start = dict(zip(run.eval_iterations, run.eval_success)).get(0)
+    return math.nan if start is None else run.endpoint - start
+
+
 def _variant_curve(results: list[RunResult], horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     cut = [curve_to_horizon(r.eval_iterations, r.eval_success, horizon) for r in results]
     grid = np.unique(np.concatenate([x for x, _ in cut]))
@@ -302,8 +309,10 @@ def analyse(out: Path, horizon: int | None = None, metric: str | None = None,
                                                  [runs[BASELINE][k].nauc for k in paired])
         per_variant[v] = entry
     ep_its = sorted({tuple(r.endpoint_iterations) for rv in runs.values() for r in rv.values()})
+    # how much room the baseline had and used: a Δ of a point means little where it gained nothing
+    baseline_gain = _ci_or_none([gain(r) for r in runs.get(BASELINE, {}).values()])
     return {"compare": doc, "horizon": h, "metric": metric, "coupling_source": source, "variants": variants,
-            "seeds": seeds, "per_variant": per_variant, "missing": missing,
+            "seeds": seeds, "per_variant": per_variant, "baseline_gain": baseline_gain, "missing": missing,
             "endpoint_iterations": [list(t) for t in ep_its], "_runs": runs}
 
 
@@ -439,6 +448,12 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
     own = "audited" if a["coupling_source"] == "audit" else "as its runs logged them"
     out += [(f"Coupling columns: the variant's own rollouts, {own} (next sections); env steps = training rows "
             "(one per agent step) over iterations 1..H, evaluation episodes excluded."), ""]
+    g = a["baseline_gain"]
+    if g is not None:
+        out += [(f"Baseline gain: {BASELINE} gained {_signed(g.mean)} "
+                 + (f"[{_signed(g.lo)}, {_signed(g.hi)}]" if math.isfinite(g.half_width) else "[n/a]")
+                 + f" over its warm start (endpoint − held-out {a['metric']} success at iteration 0, mean [95% CI] "
+                 f"over {g.n} seeds): the room a Δ above is measured against."), ""]
 
     out += ["## Significance", ""]
     out += [f"* {s}" for s in significance_statements(a)] + [""]
@@ -542,7 +557,7 @@ def results_dict(a: dict[str, Any]) -> dict[str, Any]:
             for rv in a["_runs"].values() for r in rv.values()]
     holm_kept = {f"{v}/{key}": k for v, key, _, d, k in comparisons(a) if math.isfinite(d.p)}
     return {"horizon": a["horizon"], "metric": a["metric"], "coupling_source": a["coupling_source"], "baseline": BASELINE,
-            "variants": pv, "runs": runs, "missing": a["missing"],
+            "variants": pv, "baseline_gain": est(a["baseline_gain"]), "runs": runs, "missing": a["missing"],
             "significance": significance_statements(a), "holm_significant": holm_kept}
 
 
