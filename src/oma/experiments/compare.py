@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oma.experiments.plan import MAY_DIFFER, CompareError, Run, machine_info, run_config, run_key, run_state
+from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides, machine_info, run_config, run_key,
+                                  run_state)
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run
@@ -70,22 +71,15 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def _check_overrides(overrides: list[str]) -> None:
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        for reserved, why in RESERVED.items():
-            if key == reserved or key.startswith(reserved + "."):
-                raise CompareError(f"override {item!r}: {reserved} cannot be overridden here; {why}")
-
-
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="oma compare", description="Run row/trajectory x native/MA accountings of a config over "
                 "seeds at a matched horizon and write a report with 95% CIs (docs/experiments.md).")
     p.add_argument("config", nargs="?", help="YAML preset (configs/*.yaml); defaults apply without one")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. env.group_size=4; the keys algo.accounting, "
                    "algo.mass, seed, iterations, out_dir and dump_batches are set by oma compare itself")
-    p.add_argument("--variants", default="2x2", metavar="{2x2,2}",
-                   help="2x2 (row+native, row+MA, OA+native, OA+MA; default) or 2 (row+native vs OA+MA)")
+    p.add_argument("--variants", default="2x2", metavar="{2x2,2,baseline}",
+                   help="2x2 (row+native, row+MA, OA+native, OA+MA; default), 2 (row+native vs OA+MA) or baseline "
+                   "(row+native alone: a pilot)")
     p.add_argument("--seeds", type=int, default=3, metavar="S",
                    help="seeds 0..S-1 per variant (default 3; docs/experiments.md#the-metrics wants >= 3)")
     p.add_argument("--horizon", type=int, default=None, metavar="H", help="matched horizon H = iterations of every run "
@@ -117,7 +111,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise CompareError(f"--horizon must be >= 1, got {args.horizon}")
     if args.jobs < 1:
         raise CompareError(f"--jobs must be >= 1, got {args.jobs}")
-    _check_overrides(overrides)
+    check_overrides(overrides, RESERVED)
     return args
 
 

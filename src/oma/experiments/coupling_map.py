@@ -12,12 +12,12 @@ then writes the map:
 
 The expansion ratio of a setting is measured, not assumed: the row+native runs' own training
 batches, audited (failure rows per trajectory / success rows per trajectory, mean over iterations,
-then over seeds). Resumable like ``oma compare``: rerunning the command reuses finished runs.
+then over seeds). Resumable like ``oma compare``: rerunning the command reuses finished runs. A setting
+is a cell of :mod:`oma.experiments.sweep`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -28,11 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from oma.experiments.stats import Estimate, holm
-from oma.experiments.variants import BASELINE
-
-PRESET = "configs/chain-tabular-grpo.yaml"
-"""The lane's preset (relative to the repository root, or the working directory)."""
+from oma.experiments.stats import Estimate
+from oma.experiments.sweep import (PRESET, chain, check_args, detectable, fmt, holm_across, parser, read_cell,
+                                  run_cell)
 
 
 @dataclass(frozen=True)
@@ -44,47 +42,35 @@ class Setting:
     """On top of the preset (which is `stay`: length 6, 4 signs, 4 actions, cap 18, GRPO)."""
 
 
-def _chain(on_wrong: str, length: int, actions: int, *extra: str) -> tuple[str, ...]:
-    return (f"env.options.on_wrong={on_wrong}", f"env.options.length={length}", f"env.options.actions={actions}", *extra)
-
-
 GSPO = ("algo.objective=gspo", "algo.reducer=seq-mean-token-mean", "algo.clip_low=0.0003", "algo.clip_high=0.0004")
 """GSPO-token with the GSPO paper's sequence-ratio clip range (as configs/household-gspo-oma.yaml)."""
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("advance", "control: a wrong action moves on but cannot win; every episode lasts 4 steps",
-            _chain("advance", 4, 2)),
+            chain("advance", 4, 2)),
     Setting("end", "dead ends: a wrong action ends the episode (failures shorter than successes)",
-            _chain("end", 4, 2)),
+            chain("end", 4, 2)),
     Setting("end-progress", "dead ends with partial credit (furthest position / length)",
-            _chain("end", 4, 2, "env.options.reward=progress")),
+            chain("end", 4, 2, "env.options.reward=progress")),
     Setting("stay", "loops: a wrong action changes nothing, failures run to the 18-step cap", ()),
     Setting("stay-progress", "loops with partial credit", ("env.options.reward=progress",)),
     Setting("reset", "resets: a wrong action sends the agent back to the start, failures run to the cap",
-            _chain("reset", 6, 2)),
+            chain("reset", 6, 2)),
     Setting("reset-gigpo", "resets, GiGPO (step-level groups by anchor, ω = 1, γ = 0.95)",
-            (*_chain("reset", 6, 2), "algo.estimator=gigpo")),
+            (*chain("reset", 6, 2), "algo.estimator=gigpo")),
     Setting("reset-gspo", "resets, GSPO-token (sequence ratio, seq-mean-token-mean, clip 3e-4/4e-4)",
-            (*_chain("reset", 6, 2), *GSPO)),
+            (*chain("reset", 6, 2), *GSPO)),
 )
 SETTING_NAMES = tuple(s.name for s in SETTINGS)
-
-COMPARED = ("row+MA", "OA+native", "OA+MA")
-DIFFS = (("diff_endpoint", "endpoint"), ("diff_nauc", "nAUC"))
 
 
 class MapError(ValueError):
     """A bad argument; the message says which."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise MapError(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="oma coupling-map", description="Map OMA's effect (OA+MA − row+native, and OA or MA alone) "
-                "against measured expansion–outcome coupling with the tabular policy (docs/experiments.md).")
+def _parser():
+    p = parser(MapError, prog="oma coupling-map", description="Map OMA's effect (OA+MA − row+native, and OA or MA "
+               "alone) against measured expansion–outcome coupling with the tabular policy (docs/experiments.md).")
     p.add_argument("--seeds", type=int, default=30, metavar="S", help="seeds per cell (default 30)")
     p.add_argument("--horizon", type=int, default=None, metavar="H", help="matched horizon (default: the preset's 30)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel runs (default 1)")
@@ -96,56 +82,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _estimate(d: dict | None) -> Estimate | None:
-    if not d or d.get("mean") is None:
-        return None
-    hw = d["half_width"]
-    return Estimate(d["mean"], math.nan if hw is None else hw, d["n"], d["level"], math.nan if d["p"] is None else d["p"])
-
-
 def collect(out: Path, names: list[str]) -> dict[str, Any]:
-    """Every setting's figures from its report's results.json and compare.json, and Holm across the map."""
-    settings = {}
-    for name in names:
-        folder = out / name
-        res = json.loads((folder / "results.json").read_text())
-        doc = json.loads((folder / "compare.json").read_text())
-        pv = res["variants"]
-        entry = {"ratio": _estimate(pv[BASELINE]["coupling"]["expansion_ratio"]),
-                 "baseline_endpoint": _estimate(pv[BASELINE]["endpoint"]),
-                 "baseline_nauc": _estimate(pv[BASELINE]["nauc"]),
-                 "n_seeds": pv[BASELINE]["n_seeds"],
-                 "wall_time_s": sum(h.get("wall_time_s") or 0.0 for h in doc.get("history", [])),
-                 "machine": (f"{doc['machine'].get('cpu_count')} CPUs, {doc['jobs']} parallel runs × "
-                             f"{doc['machine'].get('threads_per_run')} thread(s)"),
-                 "overrides": doc.get("overrides", []), "diffs": {}}
-        for v in COMPARED:
-            if v in pv:
-                entry["diffs"][v] = {label: _estimate(pv[v].get(key)) for key, label in DIFFS}
-        settings[name] = entry
-    family = [(s, v, m, e) for s, entry in settings.items() for v, ms in entry["diffs"].items() for m, e in ms.items()
-              if e is not None and math.isfinite(e.p)]
-    kept = holm([e.p for *_, e in family]) if family else []
-    survivors = {(s, v, m) for (s, v, m, _), k in zip(family, kept) if k}
-    return {"settings": settings, "family_size": len(family), "holm": survivors}
-
-
-def detectable(e: Estimate) -> float:
-    """The smallest true difference this paired design detects with 80% power at two-sided 5%:
-    (t_0.975 + t_0.8) · SE with n − 1 degrees of freedom, SE = half_width / t_0.975 (≈ 2.90 · SE at n = 30)."""
-    from oma.experiments.stats import t_quantile
-
-    if e.n < 2 or not math.isfinite(e.half_width):
-        return math.nan
-    t = t_quantile(0.975, e.n - 1)
-    return (t + t_quantile(0.8, e.n - 1)) * e.half_width / t
-
-
-def _fmt(e: Estimate | None, digits: int = 3, signed: bool = True) -> str:
-    if e is None:
-        return "—"
-    sign = "+" if signed else ""
-    return f"{e.mean:{sign}.{digits}f} [{e.lo:{sign}.{digits}f}, {e.hi:{sign}.{digits}f}]"
+    """Every setting's figures (:func:`oma.experiments.sweep.read_cell`), and Holm across the map."""
+    settings = {name: read_cell(out / name) for name in names}
+    family_size, survivors = holm_across(settings)
+    return {"settings": settings, "family_size": family_size, "holm": survivors}
 
 
 def render(m: dict[str, Any], command: str, wall: float) -> str:
@@ -170,14 +111,14 @@ def render(m: dict[str, Any], command: str, wall: float) -> str:
         cells = []
         for v, metric in (("OA+MA", "endpoint"), ("OA+MA", "nAUC"), ("OA+native", "endpoint"), ("row+MA", "endpoint")):
             d = e["diffs"].get(v, {}).get(metric)
-            text = _fmt(d)
+            text = fmt(d)
             if d is not None and d.significant:
                 text = f"**{text}**"
             if (name, v, metric) in m["holm"]:
                 text += " ✱"
             cells.append(text)
         power = detectable(e["diffs"]["OA+MA"]["endpoint"]) if e["diffs"].get("OA+MA", {}).get("endpoint") else math.nan
-        out.append(f"| {name} | {_fmt(e['ratio'], 2, signed=False)} | {_fmt(e['baseline_endpoint'], signed=False)} | "
+        out.append(f"| {name} | {fmt(e['ratio'], 2, signed=False)} | {fmt(e['baseline_endpoint'], signed=False)} | "
                    + " | ".join(cells) + f" | {power:.3f} |")
     out += ["", "## What each component does", ""]
     out += statements(m)
@@ -252,16 +193,9 @@ def to_json(m: dict[str, Any], wall: float) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    from oma.experiments import compare
-
     try:
         args = _parser().parse_args(argv)
-        names = [n for n in args.settings.split(",") if n]
-        unknown = [n for n in names if n not in SETTING_NAMES]
-        if unknown or not names:
-            raise MapError(f"--settings: unknown setting(s) {unknown}; valid: {', '.join(SETTING_NAMES)}")
-        if args.seeds < 2:
-            raise MapError(f"--seeds must be >= 2 (a CI needs two seeds), got {args.seeds}")
+        names = check_args(args, SETTING_NAMES, MapError)
     except SystemExit as done:  # --help
         return int(done.code or 0) if isinstance(done.code, int) else 0
     except MapError as e:
@@ -269,16 +203,14 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(args.out)
     t0 = time.perf_counter()
+    flags = ["--variants", "2x2", "--seeds", str(args.seeds), "--metric", "sampled", "--jobs", str(args.jobs)]
+    if args.horizon is not None:
+        flags += ["--horizon", str(args.horizon)]
     for name in names:
         setting = next(s for s in SETTINGS if s.name == name)
-        cmd = [args.preset, *setting.overrides, *args.overrides, "--variants", "2x2", "--seeds", str(args.seeds),
-               "--metric", "sampled", "--jobs", str(args.jobs), "--out", str(out / name)]
-        if args.horizon is not None:
-            cmd += ["--horizon", str(args.horizon)]
-        print(f"oma coupling-map: setting {name}: oma compare {' '.join(cmd)}", flush=True)
-        rc = compare.main(cmd)
+        rc = run_cell("oma coupling-map", f"setting {name}", args.preset, [*setting.overrides, *args.overrides], flags,
+                      out / name)
         if rc != 0:
-            print(f"oma coupling-map: setting {name} failed (oma compare exit {rc}); rerun to resume", file=sys.stderr)
             return rc
     write_map(out, names, "oma coupling-map " + " ".join(argv), time.perf_counter() - t0)
     print(f"oma coupling-map: wrote {out / 'README.md'}")

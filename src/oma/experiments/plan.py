@@ -22,6 +22,16 @@ class CompareError(ValueError):
     """A bad argument or an output directory that does not fit the command; the message says which."""
 
 
+def check_overrides(overrides: list[str], reserved: dict[str, str], error: type[Exception] = CompareError) -> None:
+    """Refuse, raising ``error`` in one line, an override of a key (or below a key) that the command sets itself;
+    ``reserved`` maps each such key to why, naming the flag to use instead."""
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        for name, why in reserved.items():
+            if key == name or key.startswith(name + "."):
+                raise error(f"override {item!r}: {name} cannot be overridden here; {why}")
+
+
 
 
 @dataclass

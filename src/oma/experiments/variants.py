@@ -39,8 +39,10 @@ VARIANTS: dict[str, Variant] = {
 VARIANT_SETS: dict[str, tuple[str, ...]] = {
     "2x2": ("row+native", "row+MA", "OA+native", "OA+MA"),
     "2": ("row+native", "OA+MA"),
+    "baseline": ("row+native",),
 }
-"""``--variants`` values: the full 2×2, or the baseline against full OMA for quick runs."""
+"""``--variants`` values: the full 2×2, the baseline against full OMA for quick runs, or the baseline alone (a
+pilot of a setting's coupling and room to learn, before any comparison is run)."""
 
 
 def variant_set(name: str) -> tuple[Variant, ...]:
