@@ -296,3 +296,19 @@ def test_coupling_map_smoke_and_bad_arguments(tmp_path, capsys):
     assert "unknown setting" in capsys.readouterr().err
     assert oma_main(["coupling-map", "--seeds", "1", "--out", str(out)]) == 2
     assert "--seeds must be >= 2" in capsys.readouterr().err
+
+
+def test_equal_actions_make_the_advance_control_exactly_neutral(tmp_path):
+    """Every episode of `advance` lasts `length` rows and, with equal actions, every row 4 tokens: trajectories carry
+    equal native mass (MA changes nothing) and row statistics are trajectory statistics (OA changes nothing), so the
+    four variants train the same table and the same success curves."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "configs/chain-tabular-grpo.yaml", "env.options.on_wrong=advance", "env.options.length=4",
+            "env.options.actions=2", "env.options.equal_actions=true", "env.eval_tasks=16", "eval_every=1",
+            "--seeds", "1", "--horizon", "2", "--metric", "sampled", "--no-dump", "--out", str(out)]
+    assert oma_main(argv) == 0
+    curves = {r["variant"]: r["eval_success"] for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert len(curves) == 4 and len({tuple(c) for c in curves.values()}) == 1
+    rows = {json.loads(ln)["rows_per_traj"] for ln in (out / "OA+MA" / "seed-0" / "metrics.jsonl").read_text()
+            .splitlines()[1:]}
+    assert rows == {4.0}  # every episode `length` rows

@@ -12,6 +12,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("oma.experiments.compare", "run the row/trajectory x native/MA accountings over seeds at a matched horizon"),
     "report": ("oma.experiments.report", "write the report of an `oma compare` directory (curves, endpoint, nAUC, 95% CIs)"),
     "coupling-map": ("oma.experiments.coupling_map", "map OMA's effect against expansion-outcome coupling (tabular lane)"),
+    "dose-response": ("oma.experiments.dose_response", "sweep the expansion ratio by the step cap and fit OMA's effect on it"),
     "verl-smoke": ("oma.integrations.verl.smoke", "run real verl training steps with oma's trainer on CPU (needs oma[verl])"),
     "skyrl-smoke": ("oma.integrations.skyrl.smoke", "run real SkyRL training steps with oma's trainer on CPU (needs oma[skyrl])"),
 }

@@ -4,6 +4,9 @@
   row/trajectory × native/MA runs of one config, seeds 0..S−1, resumable, optionally parallel.
 * ``oma report DIR`` — :mod:`oma.experiments.report`: success curves, endpoint and nAUC with 95% CIs,
   paired differences to row+native, the measured expansion–outcome coupling (oma.diagnostics.audit).
+* ``oma coupling-map`` and ``oma dose-response`` — :mod:`oma.experiments.coupling_map`,
+  :mod:`oma.experiments.dose_response`: the tabular lane's sweeps of ``oma compare`` cells
+  (:mod:`oma.experiments.sweep`), OMA's effect across kinds of failure and against the expansion ratio.
 * :mod:`oma.experiments.stats` — the pure statistics (endpoint, nAUC, Student-t CIs, paired differences, Holm's correction).
 """
 
