@@ -1,4 +1,4 @@
-"""File utilities every layer shares: atomic text writes, file digests, JSON Lines records.
+"""File utilities every layer shares: atomic text writes, file digests, JSON Lines records, permissions.
 
 Low-level on purpose (the standard library only), so that :mod:`oma.train`, :mod:`oma.experiments` and
 :mod:`oma.diagnostics` write and read run folders the same way without importing one another.
@@ -14,12 +14,38 @@ import tempfile
 from pathlib import Path
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where the OS allows (Linux's ``/proc``): setting it
+    and setting it back, the only portable way, leaves other threads a moment with umask 0."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: Path) -> None:
+    """Give ``path`` and everything under it the permissions a plain ``open`` or ``mkdir`` would have
+    (0644 and 0755 under umask 022). Temporary-then-rename writers need it: ``tempfile.mkstemp`` and
+    ``mkdtemp`` create 0600 and 0700 whatever the umask, and so do safetensors' own temporary files."""
+    mask = umask()
+    for p in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``; the file's
+    permissions follow the umask, as a plain ``open`` would give it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o666 & ~umask())
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -30,8 +56,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    """The SHA-256 of a file's bytes, as a checkpoint's ``state.json`` records each of its tensor files'."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The SHA-256 of a file's bytes, as a checkpoint's ``state.json`` records each of its tensor files' (read
+    in chunks: a model's weights can be gigabytes)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

@@ -33,6 +33,7 @@ from oma.agent.policy import (action_response_logprobs, allowed_rows, load_model
 from oma.agent.rollout import Rollout, Rows, rollout
 from oma.agent.tabular import TabularPolicy, imitate, tabular_rollout
 from oma.errors import ConfigError
+from oma.files import follow_umask
 
 if TYPE_CHECKING:
     from oma.train.config import TrainConfig
@@ -261,6 +262,7 @@ def _save(cache: Path, model, tokenizer, info: dict) -> None:
         model.save_pretrained(tmp / "model")
         tokenizer.save_pretrained(tmp / "tokenizer")  # its own folder: no model config.json beside it
         (tmp / "done.json").write_text(json.dumps(info))
+        follow_umask(tmp)
         if cache.exists():
             shutil.rmtree(cache)
         tmp.rename(cache)

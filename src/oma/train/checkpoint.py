@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from oma.files import atomic_write_text, sha256_file
+from oma.files import atomic_write_text, follow_umask, sha256_file
 
 
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -64,6 +64,7 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
         if hasattr(model, "index_state"):  # the tabular policy's index: JSON beside the tensors
             state["model_index"] = model.index_state()
         (tmp / "state.json").write_text(json.dumps(state))
+        follow_umask(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

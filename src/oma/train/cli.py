@@ -30,7 +30,7 @@ def claim_run_dir(path: Path) -> Path:
             continue
         candidate.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(candidate / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(candidate / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # as open() would
         except FileExistsError:
             continue  # another trainer claimed it between our look and our claim
         os.write(fd, str(os.getpid()).encode())
