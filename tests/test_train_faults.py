@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -67,6 +68,47 @@ def test_an_empty_existing_folder_is_claimed_once(tmp_path):
     (tmp_path / "run").mkdir()
     assert claim_run_dir(tmp_path / "run") == tmp_path / "run"
     assert claim_run_dir(tmp_path / "run") == tmp_path / "run-2"  # claimed, though still empty of results
+
+
+def test_a_run_folder_is_locked_for_the_life_of_its_process(tmp_path):
+    """#58 item 1: while one process trains into a folder, a second --resume of it is refused in one line
+    naming the holder, and a fresh run goes to a sibling; after kill -9 of the holder the OS has released
+    the lock, and the run resumes with each iteration once."""
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-m", "oma.cli", "train", *FAST, "iterations=100000", "checkpoint_every=20"]
+    first = subprocess.Popen([*cmd, f"out_dir={run}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoints" / "latest").is_file() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert first.poll() is None, "the first run ended before a second one could try its folder"
+        second = subprocess.run([*cmd, f"out_dir={run}", "--resume"], capture_output=True, text=True, timeout=120)
+        assert first.poll() is None, "the first run ended while the second one tried its folder"
+        assert second.returncode == 2
+        err = second.stderr.strip()
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert f"{run} is in use by pid {first.pid} on {socket.gethostname()} since " in err
+        fresh = subprocess.run([*cmd[:-2], "iterations=1", f"out_dir={run}"], capture_output=True, text=True, timeout=120)
+        assert fresh.returncode == 0 and (tmp_path / "r-2" / "summary.json").is_file(), fresh.stderr
+    finally:
+        first.kill()  # SIGKILL: no handler runs, only the OS can release the lock
+        first.wait(timeout=60)
+    done = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("iter_"))
+    assert oma_main(["train", *FAST, "checkpoint_every=20", f"iterations={done + 1}", f"out_dir={run}", "--resume"]) == 0
+    assert [json.loads(ln)["iteration"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == list(range(done + 2))
+
+
+def test_the_lock_is_given_back_when_training_ends_and_refuses_a_second_holder(tmp_path, capsys):
+    """#58 item 1: train() holds the folder only while it runs (the next command of the same process may
+    take it), and a second holder, even in the same process, is refused naming the first."""
+    from oma.train.lock import held
+
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", f"out_dir={run}"]) == 0
+    with held(run):
+        assert oma_main(["train", *FAST, "iterations=3", f"out_dir={run}", "--resume"]) == 2
+        assert f"{run} is in use by pid {os.getpid()} on " in _one_line_error(capsys)
+    assert oma_main(["train", *FAST, "iterations=3", f"out_dir={run}", "--resume"]) == 0
 
 
 # ---- numbers -----------------------------------------------------------------------------------

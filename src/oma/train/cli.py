@@ -9,16 +9,15 @@ import sys
 from pathlib import Path
 
 from oma.train import CheckpointError, ConfigError, load_config, train
-
-CLAIM = ".oma-run"
-"""Created with O_EXCL in a run folder by the trainer that claims it (docs/training.md#run-directory)."""
+from oma.train.lock import CLAIM
 
 
 def claim_run_dir(path: Path) -> Path:
     """Claim ``path`` if unused, else the first free ``path-2``, ``path-3``… (nothing is overwritten).
 
     A folder is free when it does not exist or is empty; it is claimed by creating its :data:`CLAIM`
-    file exclusively, so two trainers started at the same moment never share a folder.
+    file exclusively, so two trainers started at the same moment never share a folder. :func:`train` then
+    locks it (:mod:`oma.train.lock`): a ``--resume`` of it by another process is refused while this one runs.
     """
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out_dir: {path} is a file; give a folder")
@@ -33,8 +32,7 @@ def claim_run_dir(path: Path) -> Path:
             fd = os.open(candidate / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # as open() would
         except FileExistsError:
             continue  # another trainer claimed it between our look and our claim
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+        os.close(fd)  # the lock names its holder in it (oma.train.lock)
         return candidate
 
 

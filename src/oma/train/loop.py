@@ -48,6 +48,7 @@ from oma.core.segments import segments
 from oma.files import atomic_write_text, read_jsonl
 from oma.train.checkpoint import clean_debris, resume_from_checkpoint, save_checkpoint
 from oma.train.config import ConfigError, TrainConfig, config_diff, to_dict
+from oma.train.lock import held
 from oma.train.warmstart import build_policy, library_versions
 
 TRAIN_SEEDS_PER_RUN_SEED = 100_000
@@ -572,17 +573,24 @@ def keep_through(path: Path, iteration: int) -> None:
 
 
 def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Console | None = None) -> dict:
-    """Run (or resume) RL training into ``run_dir``; return the summary."""
-    console = console or Console()
+    """Run (or resume) RL training into ``run_dir``; return the summary. The folder is locked while it runs
+    (:mod:`oma.train.lock`): a second process training into it is refused, naming this one."""
     t_start = time.perf_counter()
-    torch.set_num_threads(cfg.threads)
-
-    # ---- 0. setup: env, run directory, policy (warm start), optimizer, resume ------------------
-    new_env = make_env(cfg)  # new_env() is a fresh environment
+    new_env = make_env(cfg)  # new_env() is a fresh environment; a bad env.options is refused before any file is touched
     if resume:
         _check_resume_config(run_dir, cfg)
-        clean_debris(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with held(run_dir):
+        return _train(cfg, run_dir, resume, console or Console(), new_env, t_start)
+
+
+def _train(cfg: TrainConfig, run_dir: Path, resume: bool, console: Console, new_env: Callable[[], object],
+           t_start: float) -> dict:
+    torch.set_num_threads(cfg.threads)
+
+    # ---- 0. setup: run directory, policy (warm start), optimizer, resume -------------------------
+    if resume:
+        clean_debris(run_dir)  # under the lock: a live process's temporary files are not debris
     atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
     log = MetricsLog(run_dir, cfg.tensorboard)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
