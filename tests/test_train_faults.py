@@ -182,6 +182,171 @@ def test_sigint_is_one_line_and_the_run_resumes(tmp_path):
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["iteration"] == done + 1
 
 
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+"""342 bytes of nested aliases that expand to 9^9 (387 million) strings."""
+
+
+def _limited_memory():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # an expansion that is not refused fails fast, not the machine
+
+
+@pytest.mark.parametrize("text, says", [
+    (BOMB, "expands to more than 10000 YAML nodes through its aliases"),
+    ("env: &x\n  options: {a: *x}\n", "contains an alias of itself"),
+    ("a: &x [1, *x]\n", "contains an alias of itself"),
+], ids=["alias-bomb", "self-alias-mapping", "self-alias-list"])
+def test_yaml_alias_bombs_and_self_references_are_refused_in_one_line(tmp_path, text, says):
+    """#58 item 5: a YAML alias bomb and a self-referencing alias are refused before they expand, in one line
+    naming the file (they grew memory past 874 MB, or ended in a 2,756-line RecursionError)."""
+    config = tmp_path / "bomb.yaml"
+    config.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "oma.cli", "train", str(config), f"out_dir={tmp_path / 'r'}"],
+                          capture_output=True, text=True, timeout=300, preexec_fn=_limited_memory)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
+    assert str(config) in err and says in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_preset_may_use_a_few_aliases(tmp_path):
+    """#58 item 5: the budget refuses expansions, not YAML's anchors: a preset that repeats a value by alias loads."""
+    config = tmp_path / "c.yaml"
+    config.write_text("env:\n  name: chain\n  options: {length: &n 3, max_steps: *n}\npolicy: {model: tabular}\n")
+    assert load_config(config).env.options == {"length": 3, "max_steps": 3}
+
+
+@pytest.mark.parametrize("offset", [-5, 0, 2_000_000 - 128 + 1])
+def test_an_eval_seed_offset_that_lets_seeds_meet_is_refused_naming_the_range(offset):
+    """#58 item 6: env.eval_seed_offset=-5 made training seeds held-out seeds too, 0 divided by zero, and one
+    past 2,000,000 - eval_tasks made held-out seeds demonstration seeds; each is refused naming the key and range."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"env.eval_seed_offset={offset}"])
+    assert str(e.value).startswith("env.eval_seed_offset must be in [1, 1999872]") and str(e.value).endswith(f"got {offset}")
+
+
+@pytest.mark.parametrize("offset", [1, 7, 1_999_872])
+def test_every_accepted_eval_seed_offset_keeps_training_and_held_out_seeds_apart(offset):
+    """#58 item 6: at both ends of the range, training seeds (oma.train.task_seeds) never meet held-out seeds."""
+    from oma.train import task_seeds
+
+    cfg = load_config(None, [f"env.eval_seed_offset={offset}", "env.tasks_per_iter=16"])
+    held_out = {cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)}
+    for seed in (0, 3):
+        cfg.seed = seed
+        training = {s for it in range(1, 40) for s in task_seeds(cfg, it)}
+        assert training and not training & held_out and min(training) >= 0
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["optim.lr=1e308", "optim.optimizer=sgd"], "optim.lr must be a finite number within float32's range"),
+    (["policy.table_size=1"], "policy.table_size=1 is full"),
+])
+def test_bad_settings_are_one_line_and_leave_no_folder(tmp_path, capsys, overrides, says):
+    """#58 item 7: optim.lr=1e308 (a torch overflow) and policy.table_size=1 (a ValueError while running) are one
+    line with exit 2, and the folder claimed for the run is removed, so the next run gets out_dir itself."""
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", *overrides, f"out_dir={out}"]) == 2
+    assert says in _one_line_error(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("override", ["optim.optimizer=normalized-sgd", "optim.optimizer=sgd", "optim.optimizer=adamw"])
+def test_a_run_that_diverges_is_one_line(tmp_path, capsys, override):
+    """#58 item 7: a learning rate within float32 that still overflows the step, or makes the metrics inf, is a
+    failure while running (exit 1) in one line, not a torch or JSON traceback."""
+    assert oma_main(["train", *FAST, "iterations=2", override, "optim.lr=3e38", f"out_dir={tmp_path / 'r'}"]) == 1
+    assert "lower optim.lr" in _one_line_error(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("out_dir", [".", "/", ".."])
+def test_an_out_dir_that_names_no_folder_of_its_own_is_one_line(tmp_path, capsys, monkeypatch, out_dir):
+    """#58 item 7: out_dir=. and out_dir=/ were a ValueError traceback from Path.with_name."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path / "work")
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out_dir}"]) == 2
+    assert f"out_dir={out_dir!r} names no folder of its own" in _one_line_error(capsys)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path, capsys):
+    """#58 item 7: a Latin-1 preset was a UnicodeDecodeError traceback."""
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes("out_dir: runs/caf\xe9\n".encode("latin-1"))
+    assert oma_main(["train", str(config), *FAST]) == 2
+    err = _one_line_error(capsys)
+    assert str(config) in err and "not UTF-8" in err and "0xe9" in err
+
+
+def _safetensors_full_disk(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    # what safetensors 0.8 raises when the disk is full (measured on a 64 KiB tmpfs)
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _oserror_full_disk(path, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """#58 item 7: a full disk while a checkpoint's tensors are written (safetensors' own error, not an OSError)
+    is one line with exit 1; the half-written checkpoint is removed, and so is the folder, which held no
+    checkpoint, so the next run gets out_dir itself, not out_dir-2."""
+    from oma.train import checkpoint
+
+    out = tmp_path / "r"
+    monkeypatch.setattr(checkpoint, "save_file", _safetensors_full_disk)
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 1
+    assert "No space left on device" in _one_line_error(capsys)
+    assert not out.exists()
+    monkeypatch.undo()
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 0
+    assert not (tmp_path / "r-2").exists()
+
+
+def test_a_full_disk_after_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    """#58 item 7: a full disk while ``checkpoints/latest`` is replaced (an OSError) is one line with exit 1; the
+    checkpoint before it is complete, so the folder stays and --resume finishes the run."""
+    from oma.train import checkpoint
+
+    out = tmp_path / "r"
+    monkeypatch.setattr(checkpoint, "atomic_write_text", _oserror_full_disk)
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", f"out_dir={out}"]) == 1
+    err = _one_line_error(capsys)
+    assert "No space left on device" in err and "latest" in err
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["iter_000001"]
+    monkeypatch.undo()
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", f"out_dir={out}", "--resume"]) == 0
+    assert [json.loads(ln)["iteration"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name, damage, says", [
+    ("metrics.jsonl", lambda text: text.replace("\n", "\n{}\n", 1), "line 2 is not a record with an integer iteration"),
+    ("metrics.jsonl", lambda text: text.replace("\n", "\n[1, 2]\n", 1), "line 2 is not a record with an integer iteration"),
+    ("samples.jsonl", lambda text: text.replace("\n", '\n{"iteration": "1"}\n', 1), "line 2 is not a record"),
+    ("config.json", lambda text: text[: len(text) // 2], "config.json is damaged ("),
+    ("config.json", lambda text: "[]", "config.json is damaged (a JSON list, not an object)"),
+], ids=["empty-record", "list-line", "string-iteration", "truncated-config", "config-not-an-object"])
+def test_a_damaged_run_file_on_resume_is_one_line_naming_it(tmp_path, capsys, name, damage, says):
+    """#58 item 7: a ``{}`` line in metrics.jsonl (a KeyError) or a truncated config.json (a JSONDecodeError)
+    on --resume is one line with exit 2 naming the file; the run folder is left as it was."""
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", f"out_dir={run}"]) == 0
+    path = run / name
+    path.write_text(damage(path.read_text()))
+    before = sorted(p.name for p in run.rglob("*"))
+    assert oma_main(["train", *FAST, "iterations=3", f"out_dir={run}", "--resume"]) == 2
+    err = _one_line_error(capsys)
+    assert str(path) in err and says in err
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
 # ---- failed starts leave nothing behind -----------------------------------------------------------
 
 
@@ -294,3 +459,4 @@ def test_the_warm_start_cache_follows_the_umask(tmp_path, mask):
     policy_kind(cfg).warm_start(cfg, make_env(cfg), lambda: tmp_path / "warm-start")
     assert (tmp_path / "warm-start" / "done.json").is_file()
     assert _wrong_modes(tmp_path / "warm-start", mask) == []
+

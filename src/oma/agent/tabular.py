@@ -37,6 +37,7 @@ from torch import Tensor
 from oma.agent.policy import Generation
 from oma.agent.rollout import LiveEpisode, Rollout, run_episodes
 from oma.core import token_entropy
+from oma.errors import ConfigError
 
 _MASKED = -1e9  # padding of ragged admissible sets: exp() underflows to exactly 0, gradients stay finite
 
@@ -76,7 +77,7 @@ class TabularPolicy(torch.nn.Module):
         if e is None:
             e = len(self._entries)
             if e >= self.logits.numel():
-                raise ValueError(f"policy.table_size={self.logits.numel()} is full: the policy has met more "
+                raise ConfigError(f"policy.table_size={self.logits.numel()} is full: the policy has met more "
                                  "(state, action) pairs than that; raise policy.table_size")
             self._entries[key] = e
         return e

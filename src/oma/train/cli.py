@@ -8,6 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from oma.train import CheckpointError, ConfigError, load_config, train
 from oma.train.lock import CLAIM
 
@@ -19,6 +21,8 @@ def claim_run_dir(path: Path) -> Path:
     file exclusively, so two trainers started at the same moment never share a folder. :func:`train` then
     locks it (:mod:`oma.train.lock`): a ``--resume`` of it by another process is refused while this one runs.
     """
+    if path.name in ("", ".", ".."):  # ".", "/", "..": no name to number a sibling by, and a folder not the run's own
+        raise ConfigError(f"out_dir={str(path)!r} names no folder of its own; give a run folder such as runs/my-run")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out_dir: {path} is a file; give a folder")
     k = 1
@@ -67,7 +71,7 @@ def main(argv: list[str]) -> int:
         _abandon(run_dir, args.resume)
         print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    except (OSError, FloatingPointError) as e:
+    except (OSError, FloatingPointError, SafetensorError) as e:  # safetensors reports a full disk as its own error
         _abandon(run_dir, args.resume)
         print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
@@ -75,6 +79,7 @@ def main(argv: list[str]) -> int:
 
 
 def _abandon(run_dir: Path | None, resume: bool) -> None:
-    """Remove a folder this command claimed if it failed before its first result (metrics.jsonl)."""
-    if run_dir is not None and not resume and not (run_dir / "metrics.jsonl").exists():
+    """Remove a folder this command claimed if it failed before its first checkpoint: with nothing to resume
+    from it holds no result, and left behind it would send the next run to ``out_dir-2``."""
+    if run_dir is not None and not resume and not any((run_dir / "checkpoints").glob("iter_*")):
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -47,7 +47,7 @@ from oma.hosts import HostOptions, HostStep
 from oma.core.segments import segments
 from oma.files import atomic_write_text, read_jsonl
 from oma.train.checkpoint import clean_debris, resume_from_checkpoint, save_checkpoint
-from oma.train.config import ConfigError, TrainConfig, config_diff, to_dict
+from oma.train.config import ConfigError, TrainConfig, config_diff, saved_config, to_dict
 from oma.train.lock import held
 from oma.train.warmstart import build_policy, library_versions
 
@@ -384,7 +384,15 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
                 raise FloatingPointError(
                     f"iteration {iteration}: the gradient norm is {s['grad_norm']} (loss {s['loss']}); the optimizer "
                     "step was not taken. Lower optim.lr or check the rollouts' scores for inf/NaN.")
-            optimizer.step()
+            try:
+                optimizer.step()
+            except RuntimeError as e:  # torch refuses a step size beyond float32 (optim.lr near its top, or over a tiny norm)
+                if "overflow" not in str(e):
+                    raise
+                raise FloatingPointError(f"iteration {iteration}: the optimizer step overflowed float32 ({e}); lower optim.lr") from None
+            if not all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.requires_grad):
+                # sampling from them would fail later, far from the cause
+                raise FloatingPointError(f"iteration {iteration}: the optimizer step made weights inf or NaN; lower optim.lr")
             optimizer.zero_grad(set_to_none=True)
             if ema is not None:
                 ema.update()
@@ -515,6 +523,11 @@ class MetricsLog:
                 self.tb = None
 
     def write(self, record: dict) -> None:
+        """Append ``record``; FloatingPointError naming its inf or NaN values (a diverged run: strict JSON has none)."""
+        bad = [f"{k}={v}" for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise FloatingPointError(f"iteration {record['iteration']}: {', '.join(bad)}; the run diverged, lower optim.lr "
+                                     "or check the rollouts' scores for inf/NaN")
         with self.path.open("a") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")  # strict JSON: undefined values are null
         if self.tb is not None:
@@ -542,7 +555,7 @@ def trainable_policy(cfg: TrainConfig, make_env: Callable[[], object], progress:
 def _check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
     if not (run_dir / "config.json").is_file():
         raise ConfigError(f"--resume: {run_dir} is not a run directory (no config.json); check out_dir")
-    diff = config_diff(json.loads((run_dir / "config.json").read_text()), to_dict(cfg), ("iterations", "out_dir"))
+    diff = config_diff(saved_config(run_dir), to_dict(cfg), ("iterations", "out_dir"))
     if diff:
         raise ConfigError(f"--resume: the config differs from the run's saved config.json in {', '.join(diff)}; "
                           "only `iterations` may change when resuming")
@@ -553,7 +566,8 @@ def keep_through(path: Path, iteration: int) -> None:
     what came after its checkpoint). A last line cut short by a kill is dropped; a bad line before it is an error."""
     if not path.is_file():
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    # the trainer writes ASCII (json.dumps escapes the rest): a byte that is not UTF-8 is damage, and its line fails below
+    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     keep = []
     for n, ln in enumerate(lines):
         try:
@@ -562,6 +576,8 @@ def keep_through(path: Path, iteration: int) -> None:
             if n == len(lines) - 1:
                 break
             raise ConfigError(f"{path}: line {n + 1} is not JSON; the file was damaged, not just cut short") from None
+        if not isinstance(record, dict) or type(record.get("iteration")) is not int:
+            raise ConfigError(f"{path}: line {n + 1} is not a record with an integer iteration; the file was damaged")
         if record["iteration"] <= iteration:
             keep.append(ln)
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
