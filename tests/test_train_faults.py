@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from oma.agent.kinds import policy_kind
 from oma.cli import main as oma_main
@@ -460,3 +461,74 @@ def test_the_warm_start_cache_follows_the_umask(tmp_path, mask):
     assert (tmp_path / "warm-start" / "done.json").is_file()
     assert _wrong_modes(tmp_path / "warm-start", mask) == []
 
+
+# ---- the warm-start cache ------------------------------------------------------------------------------
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip(count: int):
+    """Flip ``count`` bytes spread over a safetensors file's tensor data (after its header), in place: the
+    file keeps its size and still parses."""
+    def damage(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        start = 8 + int.from_bytes(data[:8], "little")
+        for k in range(count):
+            data[start + k * (len(data) - start) // count] ^= 0xFF
+        path.write_bytes(bytes(data))
+    return damage
+
+
+def _without_checksums(cache: Path) -> None:
+    record = json.loads((cache / "done.json").read_text())
+    del record["sha256"]
+    (cache / "done.json").write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("damage, file", [
+    (lambda cache: _truncate(cache / "model" / "model.safetensors"), "model/model.safetensors"),
+    (lambda cache: _flip(1)(cache / "model" / "model.safetensors"), "model/model.safetensors"),
+    (lambda cache: _flip(64)(cache / "model" / "model.safetensors"), "model/model.safetensors"),
+    (lambda cache: (cache / "tokenizer" / "tokenizer.json").unlink(), "tokenizer/tokenizer.json"),
+    (lambda cache: _truncate(cache / "done.json"), "done.json"),
+    (_without_checksums, "done.json"),
+], ids=["truncated", "one-byte-flipped", "64-bytes-flipped", "tokenizer-missing", "record-cut-short", "no-checksums"])
+def test_a_damaged_warm_start_cache_entry_is_named_and_rebuilt(tmp_path, capsys, damage, file):
+    """#58 item 4: a truncated model.safetensors (a SafetensorError), a flipped byte ("probability tensor contains
+    inf/nan") or 64 flipped bytes (loaded silently and trained on) are found by the entry's SHA-256s; the entry
+    is named in one warning line and rebuilt, and the run goes on from a good warm start."""
+    cfg = load_config(None, WARM_LM)
+    kind, new_env, cache = policy_kind(cfg), make_env(cfg), tmp_path / "warm-start"
+    good, _, _ = kind.warm_start(cfg, new_env, lambda: cache)
+    damage(cache)
+    capsys.readouterr()
+    model, _, info = kind.warm_start(cfg, new_env, lambda: cache)
+    [warning] = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]  # transformers' save prints a bar
+    assert warning.startswith(f"warning: the cached warm start {cache} is damaged") and file in warning
+    assert info["cached"] is False
+    for a, b in zip(good.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # rebuilt as it was first built
+    again, _, info = kind.warm_start(cfg, new_env, lambda: cache)
+    assert info["cached"] is True and "warning" not in capsys.readouterr().err
+    for a, b in zip(good.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warm-start"]  # the rebuild's temporary folder is gone
+
+
+def test_a_run_whose_warm_start_cache_is_damaged_warns_in_one_line_and_trains(tmp_path):
+    """#58 item 4: through `oma train`, the damaged entry is one warning line in the run's output and the run
+    ends as it would have from a whole cache."""
+    cmd = [sys.executable, "-m", "oma.cli", "train", *WARM_LM, "iterations=1", "env.eval_tasks=2", "env.tasks_per_iter=2",
+           "env.group_size=2", "optim.num_minibatches=1", "tensorboard=false", f"warm_start.cache_dir={tmp_path / 'cache'}"]
+    first = subprocess.run([*cmd, f"out_dir={tmp_path / 'a'}"], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [entry] = (tmp_path / "cache" / "warmstart").iterdir()
+    _flip(64)(entry / "model" / "model.safetensors")
+    second = subprocess.run([*cmd, f"out_dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "COLUMNS": "60"})  # a narrow terminal must not wrap the warning
+    assert second.returncode == 0, second.stderr[-2000:]
+    warnings = [ln for ln in (second.stdout + second.stderr).splitlines() if any(w in ln for w in ("warning", "damaged", "safetensors", "rebuilding"))]
+    assert len(warnings) == 1 and str(entry) in warnings[0] and "model/model.safetensors" in warnings[0], warnings
+    assert _metrics(tmp_path / "b" / "metrics.jsonl") == _metrics(tmp_path / "a" / "metrics.jsonl")
