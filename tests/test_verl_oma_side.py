@@ -233,3 +233,27 @@ def test_a_refused_step_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="algorithm.adv_estimator must be one of"):
         compute_oma_batch(rewards, mask, keys, cfg, iteration=1)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_cpu_rollout_engine_loads_local_files_only(tmp_path, monkeypatch):
+    """#58 item 11: the engine of verl's CPU rollout (hf_rollout.py) and of SkyRL's, oma.integrations.tiny_model.Sampler,
+    passes local_files_only=True to from_pretrained: a path that is not a local folder fails, it never reaches the Hub."""
+    from transformers import AutoModelForCausalLM
+
+    from oma.integrations.tiny_model import Sampler, build
+
+    build(tmp_path / "model")
+    calls = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    threads = torch.get_num_threads()
+    try:
+        Sampler(str(tmp_path / "model"))
+    finally:
+        torch.set_num_threads(threads)  # the engine takes one thread for its process; this one is the suite's
+    assert [kwargs.get("local_files_only") for kwargs in calls] == [True]
