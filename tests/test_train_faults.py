@@ -417,6 +417,20 @@ def test_resume_cleans_debris_of_killed_saves(tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")) == []
 
 
+def test_resume_cleans_the_temporary_files_of_an_interrupted_resume(tmp_path):
+    """#58 item 12: a resume rewrites samples.jsonl through a temporary file (and dump_batches writes each batch
+    through one); those an interrupted resume left are removed by the next, and nothing else is."""
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", "dump_batches=true", f"out_dir={run}"]) == 0
+    (run / ".samples.jsonl.k2x9q1").write_text('{"iteration": 1')
+    (run / "batches" / ".iter_000002.parquet.tmp-4242-0a1b2c3d").write_bytes(b"PAR1")
+    (run / "notes.txt").write_text("mine")
+    assert oma_main(["train", *FAST, "iterations=3", "checkpoint_every=1", "dump_batches=true", f"out_dir={run}",
+                     "--resume"]) == 0
+    assert sorted(p.name for p in run.rglob(".*") if p.name != ".oma-run") == []
+    assert (run / "notes.txt").read_text() == "mine"
+
+
 def test_resume_config_mismatch_names_the_dotted_key(tmp_path, capsys):
     run = tmp_path / "r"
     assert oma_main(["train", *FAST, "iterations=1", f"out_dir={run}"]) == 0

@@ -141,13 +141,15 @@ def resume_from_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: tor
     raise CheckpointError(f"--resume: {run_dir} has no usable checkpoint" + (f" (tried {', '.join(tried)})" if tried else ""))
 
 
-_DEBRIS = re.compile(r"^\.tmp-.+|^\.(latest|metrics\.jsonl|config\.json|summary\.json)\..+")
-"""What a killed save leaves: a checkpoint's temporary folder, or :func:`oma.files.atomic_write_text`'s temporary file."""
+_DEBRIS = re.compile(r"^\.tmp-.+|^\.(latest|metrics\.jsonl|samples\.jsonl|config\.json|summary\.json)\..+"
+                     r"|^\.iter_\d+\.parquet\.tmp-.+")
+"""What a killed save leaves: a checkpoint's temporary folder, :func:`oma.files.atomic_write_text`'s temporary file
+(``samples.jsonl``'s too, which a resume rewrites), or :func:`oma.batchfile.write_batch`'s."""
 
 
 def clean_debris(run_dir: Path) -> None:
-    """Remove what killed saves left in ``run_dir`` and its ``checkpoints/``."""
-    for folder in (run_dir, run_dir / "checkpoints"):
+    """Remove what killed saves left in ``run_dir``, its ``checkpoints/`` and its ``batches/``."""
+    for folder in (run_dir, run_dir / "checkpoints", run_dir / "batches"):
         if not folder.is_dir():
             continue
         for p in folder.iterdir():
