@@ -98,3 +98,19 @@ def test_atomic_writes_and_temporary_folders_follow_the_umask(tmp_path, mask):
     follow_umask(folder)
     assert stat.S_IMODE(folder.stat().st_mode) == stat.S_IMODE((folder / "inner").stat().st_mode) == 0o777 & ~mask
     assert stat.S_IMODE(Path(name).stat().st_mode) == 0o666 & ~mask
+
+
+@pytest.mark.parametrize("name, data, says", [
+    ("metrics.jsonl", b'{"iteration": 0}\n\xff\xfe\n', "byte 17 is not UTF-8 text"),
+    ("metrics.jsonl.gz", gzip.compress(b'{"iteration": 0}\n\xff\n'), "byte 17 is not UTF-8 text"),
+    ("metrics.jsonl.gz", gzip.compress(TEXT.encode())[:-12], "not a whole gzip file"),
+    ("metrics.jsonl.gz", TEXT.encode(), "not a whole gzip file"),
+    ("metrics.jsonl", b'{"iteration": 0}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
+], ids=["not-utf8", "gzip-not-utf8", "gzip-cut-short", "not-gzip", "not-an-object"])
+def test_a_file_that_cannot_be_read_is_named(tmp_path, name, data, says):
+    """#58 item 7: what `oma report` reads through read_jsonl names the file when it is not UTF-8, not whole gzip, or
+    holds a line that is not a record (a UnicodeDecodeError, EOFError or TypeError did not)."""
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(ValueError) as e:
+        read_jsonl(tmp_path / "metrics.jsonl")
+    assert str(e.value).startswith(f"{tmp_path / name}: ") and says in str(e.value)

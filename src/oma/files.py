@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
 
 
@@ -67,21 +68,28 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
 
     Where ``path`` does not exist but its gzip-compressed sibling ``path + ".gz"`` does, that is read
     instead, so a finished run whose ``metrics.jsonl`` was compressed to save space reads the same.
-    FileNotFoundError when neither exists; ValueError naming the file and line when a line is not JSON.
+    FileNotFoundError when neither exists; ValueError naming the file (and the line) when it is not
+    whole gzip or UTF-8 text, or a line is not a JSON object.
     """
     path = Path(path)
     packed = path.with_name(path.name + ".gz")
     if not path.exists() and packed.is_file():
         path = packed
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            text = f.read()
-    else:
-        text = path.read_text(encoding="utf-8")
+    try:
+        data = path.read_bytes()
+        text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:  # not gzip, damaged, or cut short
+        raise ValueError(f"{path}: not a whole gzip file ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: byte {e.start} is not UTF-8 text") from None
     records = []
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}: line {n} is not JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: line {n} is a JSON {type(record).__name__}, not an object")
+            records.append(record)
     return records
