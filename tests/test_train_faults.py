@@ -297,14 +297,15 @@ def _oserror_full_disk(path, *args, **kwargs):
 
 def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
     """#58 item 7: a full disk while a checkpoint's tensors are written (safetensors' own error, not an OSError)
-    is one line with exit 1; the half-written checkpoint is removed, and so is the folder, which held no
-    checkpoint, so the next run gets out_dir itself, not out_dir-2."""
+    is one line with exit 1 naming the checkpoint; the half-written checkpoint is removed, and so is the folder,
+    which held no checkpoint, so the next run gets out_dir itself, not out_dir-2."""
     from oma.train import checkpoint
 
     out = tmp_path / "r"
     monkeypatch.setattr(checkpoint, "save_file", _safetensors_full_disk)
     assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 1
-    assert "No space left on device" in _one_line_error(capsys)
+    err = _one_line_error(capsys)
+    assert f"checkpoint {out / 'checkpoints' / 'iter_000001'} could not be written" in err and "No space left on device" in err
     assert not out.exists()
     monkeypatch.undo()
     assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 0
@@ -529,6 +530,18 @@ def test_a_damaged_warm_start_cache_entry_is_named_and_rebuilt(tmp_path, capsys,
     for a, b in zip(good.state_dict().values(), again.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["warm-start"]  # the rebuild's temporary folder is gone
+
+
+def test_a_full_disk_while_caching_the_warm_start_is_one_line_naming_the_cache(tmp_path, monkeypatch):
+    """#58 item 7: a full disk while the warm start is cached (safetensors' own error) is an OSError naming the cache
+    entry, which `oma train` reports in one line, and leaves no temporary folder."""
+    from safetensors import torch as safetensors_torch
+
+    cfg = load_config(None, WARM_LM)
+    monkeypatch.setattr(safetensors_torch, "save_file", _safetensors_full_disk)  # what save_pretrained writes with
+    with pytest.raises(OSError, match=f"the warm start's cache {tmp_path / 'warm-start'} could not be written: .*No space"):
+        policy_kind(cfg).warm_start(cfg, make_env(cfg), lambda: tmp_path / "warm-start")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_whose_warm_start_cache_is_damaged_warns_in_one_line_and_trains(tmp_path):

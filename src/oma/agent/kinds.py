@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from rich.progress import Progress
+from safetensors import SafetensorError
 from torch import Tensor
 
 from oma.agent.imitation import DEMO_SEED_OFFSET, demonstrations, sft
@@ -300,6 +301,8 @@ def _save(cache: Path, model, tokenizer, info: dict) -> None:
         if cache.exists():
             shutil.rmtree(cache)
         tmp.rename(cache)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, SafetensorError):  # how safetensors reports a failed write (a full disk), naming no file
+            raise OSError(f"the warm start's cache {cache} could not be written: {e}") from None
         raise

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from oma.files import atomic_write_text, follow_umask, sha256_file
@@ -68,8 +69,10 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, SafetensorError):  # how safetensors reports a failed write (a full disk), naming no file
+            raise OSError(f"checkpoint {final} could not be written: {e}") from None
         raise
     atomic_write_text(root / "latest", final.name)
     return final

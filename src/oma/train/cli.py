@@ -8,8 +8,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from safetensors import SafetensorError
-
 from oma.train import CheckpointError, ConfigError, load_config, train
 from oma.train.lock import CLAIM
 
@@ -71,7 +69,7 @@ def main(argv: list[str]) -> int:
         _abandon(run_dir, args.resume)
         print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    except (OSError, FloatingPointError, SafetensorError) as e:  # safetensors reports a full disk as its own error
+    except (OSError, FloatingPointError) as e:
         _abandon(run_dir, args.resume)
         print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
