@@ -263,6 +263,17 @@ def test_a_run_that_diverges_is_one_line(tmp_path, capsys, override):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("lr", ["3e38", "1e30"])
+def test_a_warm_start_that_diverges_is_one_line_and_is_not_cached(tmp_path, capsys, lr):
+    """#58 item 7: a warm_start.lr that overflows the SFT step (3e38) or makes the weights inf/NaN (1e30) was a
+    torch traceback, or a NaN policy cached for every later run; it is one line (exit 1) and nothing is cached."""
+    assert oma_main(["train", *WARM_LM, "iterations=1", "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2",
+                     "optim.num_minibatches=1", "tensorboard=false", f"warm_start.lr={lr}",
+                     f"warm_start.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'r'}"]) == 1
+    assert "lower warm_start.lr" in _one_line_error(capsys)
+    assert not (tmp_path / "r").exists() and not any((tmp_path / "cache").rglob("done.json"))
+
+
 @pytest.mark.parametrize("out_dir", [".", "/", ".."])
 def test_an_out_dir_that_names_no_folder_of_its_own_is_one_line(tmp_path, capsys, monkeypatch, out_dir):
     """#58 item 7: out_dir=. and out_dir=/ were a ValueError traceback from Path.with_name."""

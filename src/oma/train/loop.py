@@ -31,7 +31,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 import oma.envs
 from oma import hosts
 from oma.agent.kinds import policy_kind, rows_kind
-from oma.agent.policy import unique_index
+from oma.agent.policy import checked_step, unique_index
 from oma.agent.rollout import Rollout, Rows
 from oma.core import (
     clipped_tokens,
@@ -384,15 +384,7 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
                 raise FloatingPointError(
                     f"iteration {iteration}: the gradient norm is {s['grad_norm']} (loss {s['loss']}); the optimizer "
                     "step was not taken. Lower optim.lr or check the rollouts' scores for inf/NaN.")
-            try:
-                optimizer.step()
-            except RuntimeError as e:  # torch refuses a step size beyond float32 (optim.lr near its top, or over a tiny norm)
-                if "overflow" not in str(e):
-                    raise
-                raise FloatingPointError(f"iteration {iteration}: the optimizer step overflowed float32 ({e}); lower optim.lr") from None
-            if not all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.requires_grad):
-                # sampling from them would fail later, far from the cause
-                raise FloatingPointError(f"iteration {iteration}: the optimizer step made weights inf or NaN; lower optim.lr")
+            checked_step(optimizer, (p for p in model.parameters() if p.requires_grad), f"iteration {iteration}", "optim.lr")
             optimizer.zero_grad(set_to_none=True)
             if ema is not None:
                 ema.update()
@@ -508,6 +500,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
         return []
 
 
+def _non_finite(record: dict, prefix: str = "") -> list[str]:
+    """``key=value`` of every inf or NaN in ``record``, nested records (the warm start's) included."""
+    out = []
+    for k, v in record.items():
+        if isinstance(v, dict):
+            out += _non_finite(v, f"{prefix}{k}.")
+        elif isinstance(v, float) and not math.isfinite(v):
+            out.append(f"{prefix}{k}={v}")
+    return out
+
+
 class MetricsLog:
     """metrics.jsonl (one object per line, the source of truth) and, optionally, TensorBoard."""
 
@@ -524,7 +527,7 @@ class MetricsLog:
 
     def write(self, record: dict) -> None:
         """Append ``record``; FloatingPointError naming its inf or NaN values (a diverged run: strict JSON has none)."""
-        bad = [f"{k}={v}" for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+        bad = _non_finite(record)
         if bad:
             raise FloatingPointError(f"iteration {record['iteration']}: {', '.join(bad)}; the run diverged, lower optim.lr "
                                      "or check the rollouts' scores for inf/NaN")
