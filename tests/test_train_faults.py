@@ -212,6 +212,21 @@ def test_yaml_alias_bombs_and_self_references_are_refused_in_one_line(tmp_path, 
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("text, says", [
+    ("- a\n- b\n", "must be a YAML mapping of keys"),
+    ("3\n", "must be a YAML mapping of keys"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nests its YAML collections too deep to read"),
+], ids=["a-list", "a-number", "nested-5000-deep"])
+def test_a_yaml_that_is_no_preset_is_refused_in_one_line(tmp_path, capsys, text, says):
+    """#58 items 5 and 7: a preset that is a list or a number (an OSError from OmegaConf, exit 1) or nests 5,000
+    levels deep (a RecursionError in PyYAML, like the self-referencing alias) is one line naming the file."""
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    assert oma_main(["train", str(config), f"out_dir={tmp_path / 'r'}"]) == 2
+    err = _one_line_error(capsys)
+    assert str(config) in err and says in err
+
+
 def test_a_preset_may_use_a_few_aliases(tmp_path):
     """#58 item 5: the budget refuses expansions, not YAML's anchors: a preset that repeats a value by alias loads."""
     config = tmp_path / "c.yaml"
@@ -244,9 +259,14 @@ def test_every_accepted_eval_seed_offset_keeps_training_and_held_out_seeds_apart
 @pytest.mark.parametrize("overrides, says", [
     (["optim.lr=1e308", "optim.optimizer=sgd"], "optim.lr must be a finite number within float32's range"),
     (["policy.table_size=1"], "policy.table_size=1 is full"),
+    (["policy.table_size=99999999999999"], "policy.table_size=99999999999999 needs 372529.0 GiB"),
+    (["seed=99999999999999999999"], "seed must fit in 64 bits"),
+    (["seed=2000000000000"], "seed must be in [-2**40, 2**40]"),
+    (["threads=2147483648"], "threads must be in [1, 1024]"),
 ])
 def test_bad_settings_are_one_line_and_leave_no_folder(tmp_path, capsys, overrides, says):
-    """#58 item 7: optim.lr=1e308 (a torch overflow) and policy.table_size=1 (a ValueError while running) are one
+    """#58 item 7: optim.lr=1e308 (a torch overflow), policy.table_size=1 (a ValueError while running) and the
+    integers torch cannot take (a table it cannot allocate, a seed or thread count past its int64 or int) are one
     line with exit 2, and the folder claimed for the run is removed, so the next run gets out_dir itself."""
     out = tmp_path / "r"
     assert oma_main(["train", *FAST, "iterations=2", *overrides, f"out_dir={out}"]) == 2

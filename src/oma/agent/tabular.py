@@ -59,7 +59,13 @@ class TabularPolicy(torch.nn.Module):
         super().__init__()
         if capacity < 1:
             raise ValueError(f"policy.table_size must be >= 1, got {capacity}")
-        self.logits = torch.nn.Parameter(torch.zeros(capacity))
+        try:
+            self.logits = torch.nn.Parameter(torch.zeros(capacity))
+        except RuntimeError as e:  # torch's CPU allocator refusing the request
+            if "allocate" not in str(e):
+                raise
+            raise ConfigError(f"policy.table_size={capacity} needs {4 * capacity / 2**30:.1f} GiB of float32 logits, more "
+                              "than this machine can allocate") from None
         self._states: dict[str, int] = {}
         self._entries: dict[tuple[str, str], int] = {}
         self._allowed_cache: dict[tuple[str, ...], Tensor] = {}

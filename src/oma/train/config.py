@@ -256,7 +256,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Check option strings and ranges once; return ``cfg``."""
     from oma.envs import names
 
-    _check_finite(cfg)
+    _check_numbers(cfg)
     _check("env.name", cfg.env.name, tuple(names()))
     _check("algo.estimator", cfg.algo.estimator, ESTIMATORS)
     _check("algo.accounting", cfg.algo.accounting, ACCOUNTINGS)
@@ -357,14 +357,27 @@ def _check_seed_ranges(cfg: TrainConfig) -> None:
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: the policy's weights, logits and scores are float32, so a larger option overflows in them."""
 
+SEED_MAX = 2**40
+"""The largest |seed|: the loop seeds its generators with seed·1000003 + iteration·7919, which must stay an int64."""
 
-def _check_finite(cfg: TrainConfig) -> None:
+THREADS_MAX = 1024
+"""The most torch threads a run may ask for (torch refuses 2**31 with an overflow, and starts what it is given)."""
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
     """Every float option is a finite number the policy's float32 tensors can hold (NaN would pass every range
-    check and fail much later; 1e308 overflows the first time torch applies it)."""
+    check and fail much later; 1e308 overflows the first time torch applies it), every integer one fits torch's
+    int64, and the seed and thread count stay inside what torch is handed (both were tracebacks beyond it)."""
     for key, value in _flat(to_dict(cfg)).items():
         if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
             raise ConfigError(f"{key} must be a finite number within float32's range (|x| <= {FLOAT32_MAX:.4g}), "
                               f"got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise ConfigError(f"{key} must fit in 64 bits (|x| < 2**63), got {value}")
+    if abs(cfg.seed) > SEED_MAX:
+        raise ConfigError(f"seed must be in [-2**40, 2**40], got {cfg.seed}")
+    if not 1 <= cfg.threads <= THREADS_MAX:
+        raise ConfigError(f"threads must be in [1, {THREADS_MAX}], got {cfg.threads}")
 
 
 def _valid_keys(node: type, prefix: str = "") -> list[str]:
@@ -403,8 +416,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
                               f"{e.start})") from None
         try:
-            _check_aliases(str(path), yaml.compose(text, Loader=yaml.SafeLoader))
+            _check_document(str(path), yaml.compose(text, Loader=yaml.SafeLoader))
             layers.append((OmegaConf.load(io.StringIO(text)), True))
+        except RecursionError:  # PyYAML composes nested collections recursively
+            raise ConfigError(f"config file {str(path)!r} nests its YAML collections too deep to read; a preset needs a "
+                              "few levels") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -439,13 +455,16 @@ ALIAS_BUDGET = 10_000
 while a few hundred bytes of nested aliases expand to billions (an alias bomb) and exhaust the memory."""
 
 
-def _check_aliases(path: str, root) -> None:
-    """Refuse a YAML document (``yaml.compose``'s node graph, where an alias is the very node it names) whose
-    aliases expand it past :data:`ALIAS_BUDGET` nodes, or that holds an alias inside the node it names (a
-    self-reference, which expands forever). Walks the expansion without building it, so it stops in
-    :data:`ALIAS_BUDGET` steps whatever the file."""
+def _check_document(path: str, root) -> None:
+    """Refuse a YAML document (``yaml.compose``'s node graph, where an alias is the very node it names) that is not
+    a mapping of keys, whose aliases expand it past :data:`ALIAS_BUDGET` nodes, or that holds an alias inside the
+    node it names (a self-reference, which expands forever). Walks the expansion without building it, so it stops
+    in :data:`ALIAS_BUDGET` steps whatever the file."""
     import yaml
 
+    if root is not None and not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"config file {path!r} must be a YAML mapping of keys (e.g. `algo: {{mass: native}}`), "
+                          f"got a {'list' if isinstance(root, yaml.SequenceNode) else 'single value'}")
     stack = [(root, frozenset())] if root is not None else []  # (node, ids of the collections that hold it)
     seen = 0
     while stack:
