@@ -566,10 +566,10 @@ def test_a_damaged_warm_start_cache_entry_is_named_and_rebuilt(tmp_path, capsys,
 def test_a_full_disk_while_caching_the_warm_start_is_one_line_naming_the_cache(tmp_path, monkeypatch):
     """#58 item 7: a full disk while the warm start is cached (safetensors' own error) is an OSError naming the cache
     entry, which `oma train` reports in one line, and leaves no temporary folder."""
-    from safetensors import torch as safetensors_torch
+    from transformers import PreTrainedModel
 
     cfg = load_config(None, WARM_LM)
-    monkeypatch.setattr(safetensors_torch, "save_file", _safetensors_full_disk)  # what save_pretrained writes with
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _safetensors_full_disk)  # it writes with safetensors
     with pytest.raises(OSError, match=f"the warm start's cache {tmp_path / 'warm-start'} could not be written: .*No space"):
         policy_kind(cfg).warm_start(cfg, make_env(cfg), lambda: tmp_path / "warm-start")
     assert list(tmp_path.iterdir()) == []
