@@ -135,6 +135,42 @@ def test_cap_pays_partial_credit_in_score_mode_only():
     assert not sw._IDLE and not engine.alive()
 
 
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses TCP sockets listen on at ``port`` (Linux's /proc/net/tcp and tcp6: hex, in 32-bit
+    little-endian words; Java listens on IPv6 with IPv4 addresses mapped, ::ffff:127.0.0.1)."""
+    import ipaddress
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            fields = line.split()
+            address, at = fields[1].split(":")
+            if int(at, 16) == port and fields[3] == "0A":  # LISTEN
+                ip = ipaddress.ip_address(b"".join(bytes.fromhex(address[i:i + 8])[::-1] for i in range(0, len(address), 8)))
+                found.add(str(getattr(ip, "ipv4_mapped", None) or ip))
+    return found
+
+
+def test_the_engine_listens_on_loopback_and_serves_only_its_token(env):
+    """#58 item 11: the JVM gateway was started without an auth token, so any local user could drive it on its
+    port; it listens on 127.0.0.1 alone and refuses a client without the token this process holds."""
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+    from py4j.protocol import Py4JError
+
+    env.reset(0)
+    params = env._engine.gateway.gateway_parameters
+    assert params.auth_token
+    assert _listening_addresses(params.port) == {"127.0.0.1"}
+    stranger = JavaGateway(gateway_parameters=GatewayParameters(port=params.port, auto_field=True))
+    try:
+        with pytest.raises(Py4JError):
+            stranger.jvm.java.lang.System.getProperty("java.version")
+    finally:
+        stranger.close()
+    _, _, _, _, info = env.step(env.reset(0)[1]["admissible_actions"][0])  # the engine still serves its own client
+    assert info["admissible_actions"]
+
+
 def test_close_shuts_the_engine_down():
     mine = oma.envs.make("scienceworld", split="dev")
     _, info = mine.reset(0)

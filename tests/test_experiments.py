@@ -467,3 +467,12 @@ def test_cli_lists_the_commands(capsys):
     assert oma_main([]) == 0
     text = capsys.readouterr().out
     assert "compare" in text and "report" in text
+
+
+def test_report_names_a_run_file_it_cannot_read(hand_made, capsys):
+    """#58 item 7: `oma report` on a run whose metrics.jsonl is not UTF-8 text is one line naming that file."""
+    damaged = hand_made / "OA+MA" / "seed-1" / "metrics.jsonl"
+    damaged.write_bytes(damaged.read_bytes() + b"\xff\n")
+    assert oma_main(["report", str(hand_made)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and str(damaged) in err, err

@@ -4,7 +4,9 @@ with the fix, and reads SkyRL's metrics into its JSON line. The real run: tests/
 from __future__ import annotations
 
 import builtins
+import json
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,26 @@ def test_session_members_finds_this_session():
     from oma.integrations.smoke_run import session_members
 
     assert os.getpid() in session_members(os.getsid(0))
+
+
+@pytest.mark.parametrize("out, fails, kept", [(False, False, False), (False, True, True), (True, False, True)],
+                         ids=["temporary-ok", "temporary-failed", "out"])
+def test_the_temporary_work_folder_is_removed_after_a_run_that_succeeds(tmp_path, monkeypatch, capsys, out, fails, kept):
+    """#58 item 12: the default work folder (model, data, train.log) was left in the temporary directory after every
+    run; it is removed unless the run failed (its log, named in the JSON line, explains the failure) or --out gave it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes the default folder
+    monkeypatch.setattr(smoke, "check_install", lambda: None)
+    monkeypatch.setattr(smoke, "build_inputs", lambda work: None)
+
+    def fake_skyrl(cmd, env, log, timeout, cwd):  # SkyRL's metrics and log, as test_summary_averages_the_steps reads them
+        Path(cmd[cmd.index("--metrics") + 1]).write_text(json.dumps(_step(1)) + "\n")
+        log.write_text(smoke.ACTIVE_LINE + "CPUOMARayPPOTrainer\n")
+        return (1 if fails else 0), 0
+
+    monkeypatch.setattr(smoke, "run_in_session", fake_skyrl)
+    argv = ["skyrl-smoke", "--steps", "1", *(["--out", str(tmp_path / "mine")] if out else [])]
+    assert oma_main(argv) == (1 if fails else 0)
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    folders = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(folders) == int(kept)
+    assert result["log"] == (str(folders[0] / "train.log") if kept else None)

@@ -224,8 +224,9 @@ def test_metrics_are_strict_json_with_null_for_an_empty_outcome_class(monkeypatc
 
     line = (tmp_path / "metrics.jsonl").read_text().splitlines()[0]
     assert json.loads(line, parse_constant=no_constants)["rows_per_traj_success"] is None
-    with pytest.raises(ValueError):  # a NaN that slips through is an error, never written
+    with pytest.raises(FloatingPointError, match="iteration 2: loss=nan; the run diverged"):  # an error naming it, never written
         MetricsLog(tmp_path, tensorboard=False).write({"iteration": 2, "loss": float("nan")})
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 def test_evaluation_reports_success_and_mean_reward_by_hand(monkeypatch):

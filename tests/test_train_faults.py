@@ -9,18 +9,27 @@ import json
 import multiprocessing
 import os
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from oma.agent.kinds import policy_kind
 from oma.cli import main as oma_main
+from oma.train import make_env
 from oma.train.config import ConfigError, load_config
 
 FAST = ["policy.model=tabular", "env.name=chain", "env.options.length=2", "env.eval_tasks=4", "env.tasks_per_iter=2",
         "env.group_size=3", "optim.optimizer=normalized-sgd", "optim.lr=0.2", "tensorboard=false", "threads=1"]
+
+WARM_LM = ["policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=300", "warm_start.episodes=2",
+           "warm_start.epochs=1", "policy.max_new_tokens=6", "threads=1"]
+"""A tiny LM whose warm start (the one kind that is cached) takes about a second."""
 
 
 def _metrics(path: Path) -> list[dict]:
@@ -60,6 +69,47 @@ def test_an_empty_existing_folder_is_claimed_once(tmp_path):
     (tmp_path / "run").mkdir()
     assert claim_run_dir(tmp_path / "run") == tmp_path / "run"
     assert claim_run_dir(tmp_path / "run") == tmp_path / "run-2"  # claimed, though still empty of results
+
+
+def test_a_run_folder_is_locked_for_the_life_of_its_process(tmp_path):
+    """#58 item 1: while one process trains into a folder, a second --resume of it is refused in one line
+    naming the holder, and a fresh run goes to a sibling; after kill -9 of the holder the OS has released
+    the lock, and the run resumes with each iteration once."""
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-m", "oma.cli", "train", *FAST, "iterations=100000", "checkpoint_every=20"]
+    first = subprocess.Popen([*cmd, f"out_dir={run}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoints" / "latest").is_file() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.1)
+        assert first.poll() is None, "the first run ended before a second one could try its folder"
+        second = subprocess.run([*cmd, f"out_dir={run}", "--resume"], capture_output=True, text=True, timeout=120)
+        assert first.poll() is None, "the first run ended while the second one tried its folder"
+        assert second.returncode == 2
+        err = second.stderr.strip()
+        assert "Traceback" not in err and len(err.splitlines()) == 1, err
+        assert f"{run} is in use by pid {first.pid} on {socket.gethostname()} since " in err
+        fresh = subprocess.run([*cmd[:-2], "iterations=1", f"out_dir={run}"], capture_output=True, text=True, timeout=120)
+        assert fresh.returncode == 0 and (tmp_path / "r-2" / "summary.json").is_file(), fresh.stderr
+    finally:
+        first.kill()  # SIGKILL: no handler runs, only the OS can release the lock
+        first.wait(timeout=60)
+    done = int((run / "checkpoints" / "latest").read_text().strip().removeprefix("iter_"))
+    assert oma_main(["train", *FAST, "checkpoint_every=20", f"iterations={done + 1}", f"out_dir={run}", "--resume"]) == 0
+    assert [json.loads(ln)["iteration"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == list(range(done + 2))
+
+
+def test_the_lock_is_given_back_when_training_ends_and_refuses_a_second_holder(tmp_path, capsys):
+    """#58 item 1: train() holds the folder only while it runs (the next command of the same process may
+    take it), and a second holder, even in the same process, is refused naming the first."""
+    from oma.train.lock import held
+
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", f"out_dir={run}"]) == 0
+    with held(run):
+        assert oma_main(["train", *FAST, "iterations=3", f"out_dir={run}", "--resume"]) == 2
+        assert f"{run} is in use by pid {os.getpid()} on " in _one_line_error(capsys)
+    assert oma_main(["train", *FAST, "iterations=3", f"out_dir={run}", "--resume"]) == 0
 
 
 # ---- numbers -----------------------------------------------------------------------------------
@@ -133,6 +183,203 @@ def test_sigint_is_one_line_and_the_run_resumes(tmp_path):
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["iteration"] == done + 1
 
 
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+"""342 bytes of nested aliases that expand to 9^9 (387 million) strings."""
+
+
+def _limited_memory():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # an expansion that is not refused fails fast, not the machine
+
+
+@pytest.mark.parametrize("text, says", [
+    (BOMB, "expands to more than 10000 YAML nodes through its aliases"),
+    ("env: &x\n  options: {a: *x}\n", "contains an alias of itself"),
+    ("a: &x [1, *x]\n", "contains an alias of itself"),
+], ids=["alias-bomb", "self-alias-mapping", "self-alias-list"])
+def test_yaml_alias_bombs_and_self_references_are_refused_in_one_line(tmp_path, text, says):
+    """#58 item 5: a YAML alias bomb and a self-referencing alias are refused before they expand, in one line
+    naming the file (they grew memory past 874 MB, or ended in a 2,756-line RecursionError)."""
+    config = tmp_path / "bomb.yaml"
+    config.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "oma.cli", "train", str(config), f"out_dir={tmp_path / 'r'}"],
+                          capture_output=True, text=True, timeout=300, preexec_fn=_limited_memory)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
+    assert str(config) in err and says in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("- a\n- b\n", "must be a YAML mapping of keys"),
+    ("3\n", "must be a YAML mapping of keys"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nests its YAML collections too deep to read"),
+], ids=["a-list", "a-number", "nested-5000-deep"])
+def test_a_yaml_that_is_no_preset_is_refused_in_one_line(tmp_path, capsys, text, says):
+    """#58 items 5 and 7: a preset that is a list or a number (an OSError from OmegaConf, exit 1) or nests 5,000
+    levels deep (a RecursionError in PyYAML, like the self-referencing alias) is one line naming the file."""
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    assert oma_main(["train", str(config), f"out_dir={tmp_path / 'r'}"]) == 2
+    err = _one_line_error(capsys)
+    assert str(config) in err and says in err
+
+
+def test_a_preset_may_use_a_few_aliases(tmp_path):
+    """#58 item 5: the budget refuses expansions, not YAML's anchors: a preset that repeats a value by alias loads."""
+    config = tmp_path / "c.yaml"
+    config.write_text("env:\n  name: chain\n  options: {length: &n 3, max_steps: *n}\npolicy: {model: tabular}\n")
+    assert load_config(config).env.options == {"length": 3, "max_steps": 3}
+
+
+@pytest.mark.parametrize("offset", [-5, 0, 2_000_000 - 128 + 1])
+def test_an_eval_seed_offset_that_lets_seeds_meet_is_refused_naming_the_range(offset):
+    """#58 item 6: env.eval_seed_offset=-5 made training seeds held-out seeds too, 0 divided by zero, and one
+    past 2,000,000 - eval_tasks made held-out seeds demonstration seeds; each is refused naming the key and range."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"env.eval_seed_offset={offset}"])
+    assert str(e.value).startswith("env.eval_seed_offset must be in [1, 1999872]") and str(e.value).endswith(f"got {offset}")
+
+
+@pytest.mark.parametrize("offset", [1, 7, 1_999_872])
+def test_every_accepted_eval_seed_offset_keeps_training_and_held_out_seeds_apart(offset):
+    """#58 item 6: at both ends of the range, training seeds (oma.train.task_seeds) never meet held-out seeds."""
+    from oma.train import task_seeds
+
+    cfg = load_config(None, [f"env.eval_seed_offset={offset}", "env.tasks_per_iter=16"])
+    held_out = {cfg.env.eval_seed_offset + k for k in range(cfg.env.eval_tasks)}
+    for seed in (0, 3):
+        cfg.seed = seed
+        training = {s for it in range(1, 40) for s in task_seeds(cfg, it)}
+        assert training and not training & held_out and min(training) >= 0
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["optim.lr=1e308", "optim.optimizer=sgd"], "optim.lr must be a finite number within float32's range"),
+    (["policy.table_size=1"], "policy.table_size=1 is full"),
+    (["policy.table_size=99999999999999"], "policy.table_size=99999999999999 needs 372529.0 GiB"),
+    (["seed=99999999999999999999"], "seed must fit in 64 bits"),
+    (["seed=2000000000000"], "seed must be in [-2**40, 2**40]"),
+    (["threads=2147483648"], "threads must be in [1, 1024]"),
+])
+def test_bad_settings_are_one_line_and_leave_no_folder(tmp_path, capsys, overrides, says):
+    """#58 item 7: optim.lr=1e308 (a torch overflow), policy.table_size=1 (a ValueError while running) and the
+    integers torch cannot take (a table it cannot allocate, a seed or thread count past its int64 or int) are one
+    line with exit 2, and the folder claimed for the run is removed, so the next run gets out_dir itself."""
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", *overrides, f"out_dir={out}"]) == 2
+    assert says in _one_line_error(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("override", ["optim.optimizer=normalized-sgd", "optim.optimizer=sgd", "optim.optimizer=adamw"])
+def test_a_run_that_diverges_is_one_line(tmp_path, capsys, override):
+    """#58 item 7: a learning rate within float32 that still overflows the step, or makes the metrics inf, is a
+    failure while running (exit 1) in one line, not a torch or JSON traceback."""
+    assert oma_main(["train", *FAST, "iterations=2", override, "optim.lr=3e38", f"out_dir={tmp_path / 'r'}"]) == 1
+    assert "lower optim.lr" in _one_line_error(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("lr", ["3e38", "1e30"])
+def test_a_warm_start_that_diverges_is_one_line_and_is_not_cached(tmp_path, capsys, lr):
+    """#58 item 7: a warm_start.lr that overflows the SFT step (3e38) or makes the weights inf/NaN (1e30) was a
+    torch traceback, or a NaN policy cached for every later run; it is one line (exit 1) and nothing is cached."""
+    assert oma_main(["train", *WARM_LM, "iterations=1", "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2",
+                     "optim.num_minibatches=1", "tensorboard=false", f"warm_start.lr={lr}",
+                     f"warm_start.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'r'}"]) == 1
+    assert "lower warm_start.lr" in _one_line_error(capsys)
+    assert not (tmp_path / "r").exists() and not any((tmp_path / "cache").rglob("done.json"))
+
+
+@pytest.mark.parametrize("out_dir", [".", "/", ".."])
+def test_an_out_dir_that_names_no_folder_of_its_own_is_one_line(tmp_path, capsys, monkeypatch, out_dir):
+    """#58 item 7: out_dir=. and out_dir=/ were a ValueError traceback from Path.with_name."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path / "work")
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out_dir}"]) == 2
+    assert f"out_dir={out_dir!r} names no folder of its own" in _one_line_error(capsys)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_a_config_that_is_not_utf8_is_one_line_naming_the_file(tmp_path, capsys):
+    """#58 item 7: a Latin-1 preset was a UnicodeDecodeError traceback."""
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes("out_dir: runs/caf\xe9\n".encode("latin-1"))
+    assert oma_main(["train", str(config), *FAST]) == 2
+    err = _one_line_error(capsys)
+    assert str(config) in err and "not UTF-8" in err and "0xe9" in err
+
+
+def _safetensors_full_disk(*args, **kwargs):
+    from safetensors import SafetensorError
+
+    # what safetensors 0.8 raises when the disk is full (measured on a 64 KiB tmpfs)
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def _oserror_full_disk(path, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """#58 item 7: a full disk while a checkpoint's tensors are written (safetensors' own error, not an OSError)
+    is one line with exit 1 naming the checkpoint; the half-written checkpoint is removed, and so is the folder,
+    which held no checkpoint, so the next run gets out_dir itself, not out_dir-2."""
+    from oma.train import checkpoint
+
+    out = tmp_path / "r"
+    monkeypatch.setattr(checkpoint, "save_file", _safetensors_full_disk)
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 1
+    err = _one_line_error(capsys)
+    assert f"checkpoint {out / 'checkpoints' / 'iter_000001'} could not be written" in err and "No space left on device" in err
+    assert not out.exists()
+    monkeypatch.undo()
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 0
+    assert not (tmp_path / "r-2").exists()
+
+
+def test_a_full_disk_after_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    """#58 item 7: a full disk while ``checkpoints/latest`` is replaced (an OSError) is one line with exit 1; the
+    checkpoint before it is complete, so the folder stays and --resume finishes the run."""
+    from oma.train import checkpoint
+
+    out = tmp_path / "r"
+    monkeypatch.setattr(checkpoint, "atomic_write_text", _oserror_full_disk)
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", f"out_dir={out}"]) == 1
+    err = _one_line_error(capsys)
+    assert "No space left on device" in err and "latest" in err
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["iter_000001"]
+    monkeypatch.undo()
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", f"out_dir={out}", "--resume"]) == 0
+    assert [json.loads(ln)["iteration"] for ln in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("name, damage, says", [
+    ("metrics.jsonl", lambda text: text.replace("\n", "\n{}\n", 1), "line 2 is not a record with an integer iteration"),
+    ("metrics.jsonl", lambda text: text.replace("\n", "\n[1, 2]\n", 1), "line 2 is not a record with an integer iteration"),
+    ("samples.jsonl", lambda text: text.replace("\n", '\n{"iteration": "1"}\n', 1), "line 2 is not a record"),
+    ("config.json", lambda text: text[: len(text) // 2], "config.json is damaged ("),
+    ("config.json", lambda text: "[]", "config.json is damaged (a JSON list, not an object)"),
+], ids=["empty-record", "list-line", "string-iteration", "truncated-config", "config-not-an-object"])
+def test_a_damaged_run_file_on_resume_is_one_line_naming_it(tmp_path, capsys, name, damage, says):
+    """#58 item 7: a ``{}`` line in metrics.jsonl (a KeyError) or a truncated config.json (a JSONDecodeError)
+    on --resume is one line with exit 2 naming the file; the run folder is left as it was."""
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", f"out_dir={run}"]) == 0
+    path = run / name
+    path.write_text(damage(path.read_text()))
+    before = sorted(p.name for p in run.rglob("*"))
+    assert oma_main(["train", *FAST, "iterations=3", f"out_dir={run}", "--resume"]) == 2
+    err = _one_line_error(capsys)
+    assert str(path) in err and says in err
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
 # ---- failed starts leave nothing behind -----------------------------------------------------------
 
 
@@ -202,9 +449,144 @@ def test_resume_cleans_debris_of_killed_saves(tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")) == []
 
 
+def test_resume_cleans_the_temporary_files_of_an_interrupted_resume(tmp_path):
+    """#58 item 12: a resume rewrites samples.jsonl through a temporary file (and dump_batches writes each batch
+    through one); those an interrupted resume left are removed by the next, and nothing else is."""
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", "dump_batches=true", f"out_dir={run}"]) == 0
+    (run / ".samples.jsonl.k2x9q1").write_text('{"iteration": 1')
+    (run / "batches" / ".iter_000002.parquet.tmp-4242-0a1b2c3d").write_bytes(b"PAR1")
+    (run / "notes.txt").write_text("mine")
+    assert oma_main(["train", *FAST, "iterations=3", "checkpoint_every=1", "dump_batches=true", f"out_dir={run}",
+                     "--resume"]) == 0
+    assert sorted(p.name for p in run.rglob(".*") if p.name != ".oma-run") == []
+    assert (run / "notes.txt").read_text() == "mine"
+
+
 def test_resume_config_mismatch_names_the_dotted_key(tmp_path, capsys):
     run = tmp_path / "r"
     assert oma_main(["train", *FAST, "iterations=1", f"out_dir={run}"]) == 0
     assert oma_main(["train", *FAST, "iterations=2", "algo.mass=native", f"out_dir={run}", "--resume"]) == 2
     err = _one_line_error(capsys)
     assert "algo.mass" in err and "['algo']" not in err
+
+
+# ---- permissions -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
+def mask(request):
+    """The process's umask for one test, set back after it."""
+    before = os.umask(request.param)
+    yield request.param
+    os.umask(before)
+
+
+def _wrong_modes(folder: Path, mask: int) -> list[str]:
+    """The paths under ``folder`` (itself included) whose permissions are not what the umask gives."""
+    return [f"{oct(stat.S_IMODE(p.stat().st_mode))} {p.relative_to(folder.parent)}" for p in [folder, *folder.rglob("*")]
+            if stat.S_IMODE(p.stat().st_mode) != (0o777 if p.is_dir() else 0o666) & ~mask]
+
+
+def test_a_run_folder_follows_the_umask_before_and_after_a_resume(tmp_path, mask):
+    """#58 item 10: config.json, summary.json, checkpoints, latest, metrics.jsonl, samples.jsonl and
+    .oma-run get 0644/0755 under umask 022 (0600/0700 under 077), also after a resume rewrites them."""
+    run = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", f"out_dir={run}"]) == 0
+    assert _wrong_modes(run, mask) == []
+    assert oma_main(["train", *FAST, "iterations=3", "checkpoint_every=1", f"out_dir={run}", "--resume"]) == 0
+    assert {p.name for p in run.iterdir()} >= {".oma-run", "config.json", "summary.json", "metrics.jsonl",
+                                                "samples.jsonl", "checkpoints"}
+    assert _wrong_modes(run, mask) == []
+
+
+def test_the_warm_start_cache_follows_the_umask(tmp_path, mask):
+    """#58 item 10: the cached warm start (safetensors writes its files 0600) follows the umask."""
+    cfg = load_config(None, WARM_LM)
+    policy_kind(cfg).warm_start(cfg, make_env(cfg), lambda: tmp_path / "warm-start")
+    assert (tmp_path / "warm-start" / "done.json").is_file()
+    assert _wrong_modes(tmp_path / "warm-start", mask) == []
+
+
+# ---- the warm-start cache ------------------------------------------------------------------------------
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip(count: int):
+    """Flip ``count`` bytes spread over a safetensors file's tensor data (after its header), in place: the
+    file keeps its size and still parses."""
+    def damage(path: Path) -> None:
+        data = bytearray(path.read_bytes())
+        start = 8 + int.from_bytes(data[:8], "little")
+        for k in range(count):
+            data[start + k * (len(data) - start) // count] ^= 0xFF
+        path.write_bytes(bytes(data))
+    return damage
+
+
+def _without_checksums(cache: Path) -> None:
+    record = json.loads((cache / "done.json").read_text())
+    del record["sha256"]
+    (cache / "done.json").write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("damage, file", [
+    (lambda cache: _truncate(cache / "model" / "model.safetensors"), "model/model.safetensors"),
+    (lambda cache: _flip(1)(cache / "model" / "model.safetensors"), "model/model.safetensors"),
+    (lambda cache: _flip(64)(cache / "model" / "model.safetensors"), "model/model.safetensors"),
+    (lambda cache: (cache / "tokenizer" / "tokenizer.json").unlink(), "tokenizer/tokenizer.json"),
+    (lambda cache: _truncate(cache / "done.json"), "done.json"),
+    (_without_checksums, "done.json"),
+], ids=["truncated", "one-byte-flipped", "64-bytes-flipped", "tokenizer-missing", "record-cut-short", "no-checksums"])
+def test_a_damaged_warm_start_cache_entry_is_named_and_rebuilt(tmp_path, capsys, damage, file):
+    """#58 item 4: a truncated model.safetensors (a SafetensorError), a flipped byte ("probability tensor contains
+    inf/nan") or 64 flipped bytes (loaded silently and trained on) are found by the entry's SHA-256s; the entry
+    is named in one warning line and rebuilt, and the run goes on from a good warm start."""
+    cfg = load_config(None, WARM_LM)
+    kind, new_env, cache = policy_kind(cfg), make_env(cfg), tmp_path / "warm-start"
+    good, _, _ = kind.warm_start(cfg, new_env, lambda: cache)
+    damage(cache)
+    capsys.readouterr()
+    model, _, info = kind.warm_start(cfg, new_env, lambda: cache)
+    [warning] = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]  # transformers' save prints a bar
+    assert warning.startswith(f"warning: the cached warm start {cache} is damaged") and file in warning
+    assert info["cached"] is False
+    for a, b in zip(good.state_dict().values(), model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # rebuilt as it was first built
+    again, _, info = kind.warm_start(cfg, new_env, lambda: cache)
+    assert info["cached"] is True and "warning" not in capsys.readouterr().err
+    for a, b in zip(good.state_dict().values(), again.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warm-start"]  # the rebuild's temporary folder is gone
+
+
+def test_a_full_disk_while_caching_the_warm_start_is_one_line_naming_the_cache(tmp_path, monkeypatch):
+    """#58 item 7: a full disk while the warm start is cached (safetensors' own error) is an OSError naming the cache
+    entry, which `oma train` reports in one line, and leaves no temporary folder."""
+    from transformers import PreTrainedModel
+
+    cfg = load_config(None, WARM_LM)
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", _safetensors_full_disk)  # it writes with safetensors
+    with pytest.raises(OSError, match=f"the warm start's cache {tmp_path / 'warm-start'} could not be written: .*No space"):
+        policy_kind(cfg).warm_start(cfg, make_env(cfg), lambda: tmp_path / "warm-start")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_whose_warm_start_cache_is_damaged_warns_in_one_line_and_trains(tmp_path):
+    """#58 item 4: through `oma train`, the damaged entry is one warning line in the run's output and the run
+    ends as it would have from a whole cache."""
+    cmd = [sys.executable, "-m", "oma.cli", "train", *WARM_LM, "iterations=1", "env.eval_tasks=2", "env.tasks_per_iter=2",
+           "env.group_size=2", "optim.num_minibatches=1", "tensorboard=false", f"warm_start.cache_dir={tmp_path / 'cache'}"]
+    first = subprocess.run([*cmd, f"out_dir={tmp_path / 'a'}"], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    [entry] = (tmp_path / "cache" / "warmstart").iterdir()
+    _flip(64)(entry / "model" / "model.safetensors")
+    second = subprocess.run([*cmd, f"out_dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "COLUMNS": "60"})  # a narrow terminal must not wrap the warning
+    assert second.returncode == 0, second.stderr[-2000:]
+    warnings = [ln for ln in (second.stdout + second.stderr).splitlines() if any(w in ln for w in ("warning", "damaged", "safetensors", "rebuilding"))]
+    assert len(warnings) == 1 and str(entry) in warnings[0] and "model/model.safetensors" in warnings[0], warnings
+    assert _metrics(tmp_path / "b" / "metrics.jsonl") == _metrics(tmp_path / "a" / "metrics.jsonl")

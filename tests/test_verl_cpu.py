@@ -209,3 +209,30 @@ def test_real_verl_steps_on_cpu(dp, tmp_path, capsys):
     assert [it["iteration"] for it in iterations] == [1, 2]  # verl's global steps
     audited = sum(it["trajectories"] for it in iterations) / len(iterations)
     assert audited == pytest.approx(result["trajectories"])  # the smoke's oma/trajectories, a mean over its steps
+
+
+@pytest.mark.parametrize("out, fails, kept", [(False, False, False), (False, True, True), (True, False, True)],
+                         ids=["temporary-ok", "temporary-failed", "out"])
+def test_the_temporary_work_folder_is_removed_after_a_run_that_succeeds(tmp_path, monkeypatch, capsys, out, fails, kept):
+    """#58 item 12: `oma verl-smoke`'s default work folder (model, data, train.log) was left in the temporary
+    directory after every run; it is removed unless the run failed (its log, named in the JSON line, explains
+    the failure) or --out gave it."""
+    import tempfile
+
+    from oma.integrations.verl import smoke
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes the default folder
+    monkeypatch.setattr("oma.integrations.verl.smoke_inputs.build_inputs", lambda work: None)
+
+    def fake_verl(cmd, env, log, timeout):  # verl's console, as test_parse_log_reads_verls_console_lines reads it
+        log.write_text("(TaskRunnerV1 pid=1) oma: verl integration active — trainer 'oma_sync'\n"
+                       "(TaskRunnerV1 pid=1) step:1 - actor/pg_loss:0.5 - oma/trajectories:16.0 - actor/grad_norm:1.5\n")
+        return (1 if fails else 0), 0
+
+    monkeypatch.setattr(smoke, "run_in_session", fake_verl)
+    argv = ["verl-smoke", "--steps", "1", *(["--out", str(tmp_path / "mine")] if out else [])]
+    assert oma_main(argv) == (1 if fails else 0)
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    folders = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len(folders) == int(kept)
+    assert result["log"] == (str(folders[0] / "train.log") if kept else None)

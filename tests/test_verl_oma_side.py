@@ -233,3 +233,43 @@ def test_a_refused_step_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="algorithm.adv_estimator must be one of"):
         compute_oma_batch(rewards, mask, keys, cfg, iteration=1)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_cpu_rollout_engine_loads_local_files_only(tmp_path, monkeypatch):
+    """#58 item 11: the engine of verl's CPU rollout (hf_rollout.py) and of SkyRL's, oma.integrations.tiny_model.Sampler,
+    passes local_files_only=True to from_pretrained: a path that is not a local folder fails, it never reaches the Hub."""
+    from transformers import AutoModelForCausalLM
+
+    from oma.integrations.tiny_model import Sampler, build
+
+    build(tmp_path / "model")
+    calls = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    threads = torch.get_num_threads()
+    try:
+        Sampler(str(tmp_path / "model"))
+    finally:
+        torch.set_num_threads(threads)  # the engine takes one thread for its process; this one is the suite's
+    assert [kwargs.get("local_files_only") for kwargs in calls] == [True]
+
+
+def test_every_from_pretrained_in_oma_loads_local_files_only():
+    """#58 item 11: no `from_pretrained` call in src/oma can reach the Hub (docs/guarantees.md says every one passes
+    local_files_only=True), read from the source with ``ast``."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "oma"
+    calls = [(path, node) for path in sorted(src.rglob("*.py")) for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "from_pretrained"]
+    assert len(calls) >= 5  # the policy's model and tokenizers, the CPU engines' model and tokenizer
+    online = [f"{path.relative_to(src)}:{node.lineno}" for path, node in calls
+              if not any(k.arg == "local_files_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                         for k in node.keywords)]
+    assert online == []

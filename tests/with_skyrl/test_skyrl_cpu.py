@@ -155,6 +155,23 @@ def test_engine_generates_greedily_and_counts_weight_versions(model_dir):
         engine.load_weights({"model.not_a_layer.weight": torch.zeros(1)})
 
 
+def test_the_engine_loads_its_tokenizer_from_local_files_only(model_dir, monkeypatch):
+    """#58 item 11: HFEngine's tokenizer, like its model (oma.integrations.tiny_model.Sampler), is loaded with
+    local_files_only=True: a path that is not a local folder never reaches the Hub."""
+    from transformers import AutoTokenizer
+
+    calls = []
+    real = AutoTokenizer.from_pretrained
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", spy)
+    HFEngine(str(model_dir))
+    assert [kwargs.get("local_files_only") for kwargs in calls] == [True]
+
+
 def test_client_answers_skyrls_interface(model_dir):
     engine = HFEngine(str(model_dir))
     client = HFInferenceClient(_Remote(engine), "tiny")

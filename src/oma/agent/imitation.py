@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from rich.progress import Progress
 
-from oma.agent.policy import EOS, action_choices, action_response_logprobs, allowed_positions, choices_tensor, response_logprobs
+from oma.agent.policy import (EOS, action_choices, action_response_logprobs, allowed_positions, checked_step, choices_tensor,
+                              response_logprobs)
 from oma.agent.prompt import step_prompt
 from oma.core import micro_batches
 
@@ -103,7 +104,7 @@ def sft(model, tokenizer, demos: list[Demo], *, epochs: int, lr: float, batch_ro
             loss = -(logp * mask).sum() / mask.sum()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            checked_step(optimizer, model.parameters(), f"warm start (SFT) step {len(losses) + 1}", "warm_start.lr")
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from rich.progress import Progress
+from safetensors import SafetensorError
 from torch import Tensor
 
 from oma.agent.imitation import DEMO_SEED_OFFSET, demonstrations, sft
@@ -33,6 +35,7 @@ from oma.agent.policy import (action_response_logprobs, allowed_rows, load_model
 from oma.agent.rollout import Rollout, Rows, rollout
 from oma.agent.tabular import TabularPolicy, imitate, tabular_rollout
 from oma.errors import ConfigError
+from oma.files import follow_umask, sha256_file
 
 if TYPE_CHECKING:
     from oma.train.config import TrainConfig
@@ -104,12 +107,14 @@ class TokenLM(PolicyKind):
     def warm_start(self, cfg, make_env, cache_folder, progress=None):
         """SFT on the demonstrations (:func:`oma.agent.imitation.sft`), normalised as the policy samples; the
         tiny policy is built first, its tokenizer trained on the demonstrations' text. Cached: loaded
-        from ``cache_folder()`` when it holds the result, else trained and saved there."""
+        from ``cache_folder()`` when it holds the result and every file has the SHA-256 it was saved with,
+        else trained and saved there (a damaged entry is named in a warning and replaced)."""
         ws = cfg.warm_start
         cache = cache_folder()
         info = {"cache": str(cache), "cached": False}
-        if (cache / "done.json").is_file():
-            info.update(json.loads((cache / "done.json").read_text()), cached=True)
+        kept = _cached(cache, progress)
+        if kept is not None:
+            info.update(kept, cached=True)
             return load_model(cache / "model"), load_tokenizer(cache / "tokenizer"), info
         t0 = time.perf_counter()
         tiny = cfg.policy.model == "tiny"
@@ -253,17 +258,51 @@ def _user_tokenizer(path: str):
     return tokenizer
 
 
+DONE = "done.json"
+"""A warm-start cache entry's record: the warm start's ``info`` and the SHA-256 of each of its files."""
+
+
+def _cached(cache: Path, progress: Progress | None) -> dict | None:
+    """The record of the warm start kept in ``cache`` when every file has the SHA-256 it was saved with; None
+    when there is none, or when it is damaged, which is named in one warning line (the caller rebuilds it)."""
+    if not (cache / DONE).is_file():
+        return None
+    try:
+        kept = json.loads((cache / DONE).read_bytes())
+    except ValueError:  # cut short, or not UTF-8
+        kept = None
+    digests = kept.pop("sha256", None) if isinstance(kept, dict) else None
+    if not isinstance(digests, dict) or not digests:
+        problem = f"{DONE} is damaged or lists no checksums (an entry written before oma kept them)"
+    else:
+        bad = [name for name, digest in digests.items() if not (cache / name).is_file() or sha256_file(cache / name) != digest]
+        if not bad:
+            return kept
+        problem = f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} missing or not as saved (SHA-256)"
+    message = f"warning: the cached warm start {cache} is damaged: {problem}; rebuilding it"
+    if progress is not None:  # the run's console: train.log under oma compare
+        progress.console.print(message, markup=False, highlight=False, soft_wrap=True)
+    else:
+        print(message, file=sys.stderr)
+    return None
+
+
 def _save(cache: Path, model, tokenizer, info: dict) -> None:
-    """Write the warm-started policy to ``cache`` atomically (temporary folder, then rename)."""
+    """Write the warm-started policy to ``cache`` atomically (temporary folder, then rename), with the SHA-256 of
+    each file in its record, as a checkpoint keeps them (:func:`_cached` checks them)."""
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=f".{cache.name}-"))
     try:
         model.save_pretrained(tmp / "model")
         tokenizer.save_pretrained(tmp / "tokenizer")  # its own folder: no model config.json beside it
-        (tmp / "done.json").write_text(json.dumps(info))
+        digests = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        (tmp / DONE).write_text(json.dumps({**info, "sha256": digests}))
+        follow_umask(tmp)
         if cache.exists():
             shutil.rmtree(cache)
         tmp.rename(cache)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, SafetensorError):  # how safetensors reports a failed write (a full disk), naming no file
+            raise OSError(f"the warm start's cache {cache} could not be written: {e}") from None
         raise

@@ -21,6 +21,19 @@ from oma.core import token_entropy
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
 
+def checked_step(optimizer: torch.optim.Optimizer, params: Iterable[Tensor], where: str, key: str) -> None:
+    """``optimizer.step()``, then FloatingPointError naming ``where`` and ``key`` (the learning rate to lower) when the
+    step overflowed float32 or left a weight inf or NaN: sampling from such weights fails later, far from the cause."""
+    try:
+        optimizer.step()
+    except RuntimeError as e:  # torch refuses a step size beyond float32 (a learning rate near its top, or over a tiny norm)
+        if "overflow" not in str(e):
+            raise
+        raise FloatingPointError(f"{where}: the optimizer step overflowed float32 ({e}); lower {key}") from None
+    if not all(bool(torch.isfinite(p).all()) for p in params):
+        raise FloatingPointError(f"{where}: the optimizer step made weights inf or NaN; lower {key}")
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int):
     """A byte-level BPE tokenizer trained on ``texts`` (round-trips any text exactly)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

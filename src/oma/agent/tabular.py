@@ -37,6 +37,7 @@ from torch import Tensor
 from oma.agent.policy import Generation
 from oma.agent.rollout import LiveEpisode, Rollout, run_episodes
 from oma.core import token_entropy
+from oma.errors import ConfigError
 
 _MASKED = -1e9  # padding of ragged admissible sets: exp() underflows to exactly 0, gradients stay finite
 
@@ -58,7 +59,13 @@ class TabularPolicy(torch.nn.Module):
         super().__init__()
         if capacity < 1:
             raise ValueError(f"policy.table_size must be >= 1, got {capacity}")
-        self.logits = torch.nn.Parameter(torch.zeros(capacity))
+        try:
+            self.logits = torch.nn.Parameter(torch.zeros(capacity))
+        except RuntimeError as e:  # torch's CPU allocator refusing the request
+            if "allocate" not in str(e):
+                raise
+            raise ConfigError(f"policy.table_size={capacity} needs {4 * capacity / 2**30:.1f} GiB of float32 logits, more "
+                              "than this machine can allocate") from None
         self._states: dict[str, int] = {}
         self._entries: dict[tuple[str, str], int] = {}
         self._allowed_cache: dict[tuple[str, ...], Tensor] = {}
@@ -76,7 +83,7 @@ class TabularPolicy(torch.nn.Module):
         if e is None:
             e = len(self._entries)
             if e >= self.logits.numel():
-                raise ValueError(f"policy.table_size={self.logits.numel()} is full: the policy has met more "
+                raise ConfigError(f"policy.table_size={self.logits.numel()} is full: the policy has met more "
                                  "(state, action) pairs than that; raise policy.table_size")
             self._entries[key] = e
         return e

@@ -1,16 +1,18 @@
-"""What ``oma verl-smoke`` and ``oma skyrl-smoke`` share: their argument checks, and running a host's
-trainer in a session of its own, so that the run and every process it starts (Ray's daemons and workers,
-whatever process group they move to) are ended together, on success, failure or timeout."""
+"""What ``oma verl-smoke`` and ``oma skyrl-smoke`` share: their argument checks, their work folder, and running
+a host's trainer in a session of its own, so that the run and every process it starts (Ray's daemons and
+workers, whatever process group they move to) are ended together, on success, failure or timeout."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -31,6 +33,38 @@ def refused(prog: str, steps: int, timeout: int, check_install: Callable[[], Non
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
     return None
+
+
+class WorkFolder:
+    """Where a smoke run writes its model, data and ``train.log``: ``--out`` (kept), or a temporary folder that is
+    removed when the run ends (:func:`work_folder`), unless the run failed: then its log, which the JSON line
+    names, is what explains the failure, and the folder stays for it."""
+
+    def __init__(self, out: str | None, prefix: str) -> None:
+        self.temporary = out is None
+        self.path = Path(tempfile.mkdtemp(prefix=prefix)) if out is None else Path(out)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.keep = not self.temporary
+
+    def settle(self, ok: bool, result: dict) -> None:
+        """Keep the folder of a failed run; a run that succeeded in a temporary folder names no log in its JSON line
+        (``result["log"]``), since the log goes with the folder."""
+        if not ok:
+            self.keep = True
+        elif self.temporary:
+            result["log"] = None
+
+
+@contextlib.contextmanager
+def work_folder(out: str | None, prefix: str) -> Iterator[WorkFolder]:
+    """The run's :class:`WorkFolder`; a temporary one is removed after the block unless :meth:`WorkFolder.settle`
+    kept it (an exception, Ctrl-C included, removes it too: an interrupted run explains nothing)."""
+    folder = WorkFolder(out, prefix)
+    try:
+        yield folder
+    finally:
+        if not folder.keep:
+            shutil.rmtree(folder.path, ignore_errors=True)
 
 
 def session_members(sid: int) -> list[int]:

@@ -109,8 +109,9 @@ class Sampler:
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(1)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                          attn_implementation="eager").eval()
+        # local_files_only: a path that is not a local folder must fail here, not reach for the Hub and run its code
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager",
+                                                          local_files_only=True).eval()
         self.generator = torch.Generator().manual_seed(seed)
         self.lock = threading.Lock()
         config = self.model.generation_config

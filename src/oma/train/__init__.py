@@ -22,7 +22,7 @@ A run, as `oma train` makes it::
   :func:`batch_logprobs` (:func:`row_logprobs` of some rows, as :func:`forward_plan` groups them),
   :class:`Batch`, :func:`make_optimizer`, :class:`WeightAverage`, :func:`update`, :func:`evaluates`.
 
-The submodules (``loop``, ``warmstart``, ``checkpoint``, ``config``, ``cli``) are the implementation:
+The submodules (``loop``, ``warmstart``, ``checkpoint``, ``config``, ``lock``, ``cli``) are the implementation:
 code outside this package imports these names from here.
 """
 

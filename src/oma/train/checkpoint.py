@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from oma.files import atomic_write_text, sha256_file
+from oma.files import atomic_write_text, follow_umask, sha256_file
 
 
 def _flatten_optimizer(state: dict) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -64,11 +65,14 @@ def save_checkpoint(run_dir: Path, iteration: int, model: torch.nn.Module, optim
         if hasattr(model, "index_state"):  # the tabular policy's index: JSON beside the tensors
             state["model_index"] = model.index_state()
         (tmp / "state.json").write_text(json.dumps(state))
+        follow_umask(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, SafetensorError):  # how safetensors reports a failed write (a full disk), naming no file
+            raise OSError(f"checkpoint {final} could not be written: {e}") from None
         raise
     atomic_write_text(root / "latest", final.name)
     return final
@@ -140,13 +144,15 @@ def resume_from_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: tor
     raise CheckpointError(f"--resume: {run_dir} has no usable checkpoint" + (f" (tried {', '.join(tried)})" if tried else ""))
 
 
-_DEBRIS = re.compile(r"^\.tmp-.+|^\.(latest|metrics\.jsonl|config\.json|summary\.json)\..+")
-"""What a killed save leaves: a checkpoint's temporary folder, or :func:`oma.files.atomic_write_text`'s temporary file."""
+_DEBRIS = re.compile(r"^\.tmp-.+|^\.(latest|metrics\.jsonl|samples\.jsonl|config\.json|summary\.json)\..+"
+                     r"|^\.iter_\d+\.parquet\.tmp-.+")
+"""What a killed save leaves: a checkpoint's temporary folder, :func:`oma.files.atomic_write_text`'s temporary file
+(``samples.jsonl``'s too, which a resume rewrites), or :func:`oma.batchfile.write_batch`'s."""
 
 
 def clean_debris(run_dir: Path) -> None:
-    """Remove what killed saves left in ``run_dir`` and its ``checkpoints/``."""
-    for folder in (run_dir, run_dir / "checkpoints"):
+    """Remove what killed saves left in ``run_dir``, its ``checkpoints/`` and its ``batches/``."""
+    for folder in (run_dir, run_dir / "checkpoints", run_dir / "batches"):
         if not folder.is_dir():
             continue
         for p in folder.iterdir():

@@ -9,17 +9,18 @@ import sys
 from pathlib import Path
 
 from oma.train import CheckpointError, ConfigError, load_config, train
-
-CLAIM = ".oma-run"
-"""Created with O_EXCL in a run folder by the trainer that claims it (docs/training.md#run-directory)."""
+from oma.train.lock import CLAIM
 
 
 def claim_run_dir(path: Path) -> Path:
     """Claim ``path`` if unused, else the first free ``path-2``, ``path-3``… (nothing is overwritten).
 
     A folder is free when it does not exist or is empty; it is claimed by creating its :data:`CLAIM`
-    file exclusively, so two trainers started at the same moment never share a folder.
+    file exclusively, so two trainers started at the same moment never share a folder. :func:`train` then
+    locks it (:mod:`oma.train.lock`): a ``--resume`` of it by another process is refused while this one runs.
     """
+    if path.name in ("", ".", ".."):  # ".", "/", "..": no name to number a sibling by, and a folder not the run's own
+        raise ConfigError(f"out_dir={str(path)!r} names no folder of its own; give a run folder such as runs/my-run")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out_dir: {path} is a file; give a folder")
     k = 1
@@ -30,11 +31,10 @@ def claim_run_dir(path: Path) -> Path:
             continue
         candidate.mkdir(parents=True, exist_ok=True)
         try:
-            fd = os.open(candidate / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(candidate / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # as open() would
         except FileExistsError:
             continue  # another trainer claimed it between our look and our claim
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+        os.close(fd)  # the lock names its holder in it (oma.train.lock)
         return candidate
 
 
@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
 
 
 def _abandon(run_dir: Path | None, resume: bool) -> None:
-    """Remove a folder this command claimed if it failed before its first result (metrics.jsonl)."""
-    if run_dir is not None and not resume and not (run_dir / "metrics.jsonl").exists():
+    """Remove a folder this command claimed if it failed before its first checkpoint: with nothing to resume
+    from it holds no result, and left behind it would send the next run to ``out_dir-2``."""
+    if run_dir is not None and not resume and not any((run_dir / "checkpoints").glob("iter_*")):
         shutil.rmtree(run_dir, ignore_errors=True)

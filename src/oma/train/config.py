@@ -8,6 +8,7 @@ list of valid ones; option strings are checked once, here.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import typing
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from oma.agent.imitation import DEMO_SEED_OFFSET
 from oma.agent.kinds import policy_kind
 from oma.core import ACCOUNTINGS, MASSES, OBJECTIVES, REDUCERS, Accounting, Estimator, Mass, Objective, Reducer
 from oma.errors import ConfigError
@@ -59,7 +61,8 @@ class EnvConfig:
     eval_tasks: int = 128
     """Held-out task seeds for evaluation (fixed for the whole run); 128 tasks leave ±4–9 points of binomial noise."""
     eval_seed_offset: int = 1_000_000
-    """Held-out seeds are ``eval_seed_offset + k``; training seeds stay below it."""
+    """Held-out seeds are ``eval_seed_offset + k`` (k < ``eval_tasks``); training seeds stay below it (they are taken
+    modulo it), demonstration seeds above them (from 2,000,000): 1 ≤ it ≤ 2,000,000 − ``eval_tasks``."""
     train_max_steps: int | None = 20
     """Training episodes end after this many steps if the environment has not ended them (unwon unless
     the last step won); evaluation keeps the environment's own cap. ``None``: the environment's cap
@@ -253,7 +256,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Check option strings and ranges once; return ``cfg``."""
     from oma.envs import names
 
-    _check_finite(cfg)
+    _check_numbers(cfg)
     _check("env.name", cfg.env.name, tuple(names()))
     _check("algo.estimator", cfg.algo.estimator, ESTIMATORS)
     _check("algo.accounting", cfg.algo.accounting, ACCOUNTINGS)
@@ -285,6 +288,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                        "optim.weight_decay": cfg.optim.weight_decay}.items():
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
+    _check_seed_ranges(cfg)
     if cfg.env.train_max_steps is not None and not cfg.env.train_max_steps > 0:
         raise ConfigError(f"env.train_max_steps must be > 0 or null, got {cfg.env.train_max_steps}")
     if not 0.0 <= cfg.warm_start.noise <= 1.0:
@@ -339,11 +343,41 @@ def _check_tabular(cfg: TrainConfig) -> None:
         raise ConfigError(f"policy.table_size must be >= 1, got {cfg.policy.table_size}")
 
 
-def _check_finite(cfg: TrainConfig) -> None:
-    """Every float option is a finite number (NaN would pass every range check and fail much later)."""
+def _check_seed_ranges(cfg: TrainConfig) -> None:
+    """Training, held-out and demonstration task seeds never meet: training seeds are (seed·100000 + k) mod
+    ``env.eval_seed_offset``, so in [0, offset); held-out seeds are offset + k for k < ``env.eval_tasks``;
+    demonstration seeds start at :data:`oma.agent.imitation.DEMO_SEED_OFFSET`."""
+    offset, top = cfg.env.eval_seed_offset, DEMO_SEED_OFFSET - cfg.env.eval_tasks
+    if not 1 <= offset <= top:
+        raise ConfigError(f"env.eval_seed_offset must be in [1, {top}] (held-out seeds are it + k for k < "
+                          f"env.eval_tasks={cfg.env.eval_tasks}, training seeds are taken modulo it, demonstration seeds "
+                          f"start at {DEMO_SEED_OFFSET}), got {offset}")
+
+
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: the policy's weights, logits and scores are float32, so a larger option overflows in them."""
+
+SEED_MAX = 2**40
+"""The largest |seed|: the loop seeds its generators with seed·1000003 + iteration·7919, which must stay an int64."""
+
+THREADS_MAX = 1024
+"""The most torch threads a run may ask for (torch refuses 2**31 with an overflow, and starts what it is given)."""
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    """Every float option is a finite number the policy's float32 tensors can hold (NaN would pass every range
+    check and fail much later; 1e308 overflows the first time torch applies it), every integer one fits torch's
+    int64, and the seed and thread count stay inside what torch is handed (both were tracebacks beyond it)."""
     for key, value in _flat(to_dict(cfg)).items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{key} must be a finite number, got {value}")
+        if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+            raise ConfigError(f"{key} must be a finite number within float32's range (|x| <= {FLOAT32_MAX:.4g}), "
+                              f"got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise ConfigError(f"{key} must fit in 64 bits (|x| < 2**63), got {value}")
+    if abs(cfg.seed) > SEED_MAX:
+        raise ConfigError(f"seed must be in [-2**40, 2**40], got {cfg.seed}")
+    if not 1 <= cfg.threads <= THREADS_MAX:
+        raise ConfigError(f"threads must be in [1, {THREADS_MAX}], got {cfg.threads}")
 
 
 def _valid_keys(node: type, prefix: str = "") -> list[str]:
@@ -377,7 +411,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not p.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist")
         try:
-            layers.append((OmegaConf.load(p), True))
+            text = p.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {str(path)!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                              f"{e.start})") from None
+        try:
+            _check_document(str(path), yaml.compose(text, Loader=yaml.SafeLoader))
+            layers.append((OmegaConf.load(io.StringIO(text)), True))
+        except RecursionError:  # PyYAML composes nested collections recursively
+            raise ConfigError(f"config file {str(path)!r} nests its YAML collections too deep to read; a preset needs a "
+                              "few levels") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -407,6 +450,37 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return validate(cfg)
 
 
+ALIAS_BUDGET = 10_000
+"""The most YAML nodes a config file may expand to through its aliases (``*name``): a preset has about 60,
+while a few hundred bytes of nested aliases expand to billions (an alias bomb) and exhaust the memory."""
+
+
+def _check_document(path: str, root) -> None:
+    """Refuse a YAML document (``yaml.compose``'s node graph, where an alias is the very node it names) that is not
+    a mapping of keys, whose aliases expand it past :data:`ALIAS_BUDGET` nodes, or that holds an alias inside the
+    node it names (a self-reference, which expands forever). Walks the expansion without building it, so it stops
+    in :data:`ALIAS_BUDGET` steps whatever the file."""
+    import yaml
+
+    if root is not None and not isinstance(root, yaml.MappingNode):
+        raise ConfigError(f"config file {path!r} must be a YAML mapping of keys (e.g. `algo: {{mass: native}}`), "
+                          f"got a {'list' if isinstance(root, yaml.SequenceNode) else 'single value'}")
+    stack = [(root, frozenset())] if root is not None else []  # (node, ids of the collections that hold it)
+    seen = 0
+    while stack:
+        node, outer = stack.pop()
+        seen += 1
+        if seen > ALIAS_BUDGET:
+            raise ConfigError(f"config file {path!r} expands to more than {ALIAS_BUDGET} YAML nodes through its aliases "
+                              "(*name); write the values out")
+        if isinstance(node, yaml.CollectionNode):
+            if id(node) in outer:
+                raise ConfigError(f"config file {path!r}: the YAML node at line {node.start_mark.line + 1} contains an "
+                                  "alias of itself, so it never ends; write the values out")
+            children = node.value if isinstance(node, yaml.SequenceNode) else [x for kv in node.value for x in kv]
+            stack += [(child, outer | {id(node)}) for child in children]
+
+
 def to_dict(cfg: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
@@ -430,10 +504,29 @@ def load_run_config(run_dir: str | Path) -> TrainConfig:
     """The config a run folder was trained with (its ``config.json``), validated; a key of
     :data:`ADDED_KEYS` missing from it reads as its value before it existed, not as today's default."""
     path = Path(run_dir) / "config.json"
+    saved = _flat(saved_config(run_dir))
+    return load_config(path, [f"{k}={v}" for k, v in ADDED_KEYS.items() if k not in saved])
+
+
+def saved_config(run_dir: str | Path) -> dict[str, Any]:
+    """A run folder's ``config.json`` as saved; ConfigError naming the file when there is none or it is
+    damaged (cut short, not UTF-8, not a JSON object)."""
+    path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.json)")
-    saved = _flat(json.loads(path.read_text()))
-    return load_config(path, [f"{k}={v}" for k, v in ADDED_KEYS.items() if k not in saved])
+    why = None
+    try:
+        saved = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        why = f"byte {e.start} is not UTF-8"
+    except json.JSONDecodeError as e:
+        why = f"{e.msg}: line {e.lineno}, column {e.colno}"
+    else:
+        if not isinstance(saved, dict):
+            why = f"a JSON {type(saved).__name__}, not an object"
+    if why is not None:
+        raise ConfigError(f"{path} is damaged ({why}); it holds the config the run was trained with")
+    return saved
 
 
 def config_diff(saved: dict, now: dict, ignore: tuple[str, ...] = ()) -> list[str]:

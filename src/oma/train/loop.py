@@ -31,7 +31,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 import oma.envs
 from oma import hosts
 from oma.agent.kinds import policy_kind, rows_kind
-from oma.agent.policy import unique_index
+from oma.agent.policy import checked_step, unique_index
 from oma.agent.rollout import Rollout, Rows
 from oma.core import (
     clipped_tokens,
@@ -47,7 +47,8 @@ from oma.hosts import HostOptions, HostStep
 from oma.core.segments import segments
 from oma.files import atomic_write_text, read_jsonl
 from oma.train.checkpoint import clean_debris, resume_from_checkpoint, save_checkpoint
-from oma.train.config import ConfigError, TrainConfig, config_diff, to_dict
+from oma.train.config import ConfigError, TrainConfig, config_diff, saved_config, to_dict
+from oma.train.lock import held
 from oma.train.warmstart import build_policy, library_versions
 
 TRAIN_SEEDS_PER_RUN_SEED = 100_000
@@ -383,7 +384,7 @@ def update(model, optimizer, batch: Batch, cfg: TrainConfig, pad_id: int, iterat
                 raise FloatingPointError(
                     f"iteration {iteration}: the gradient norm is {s['grad_norm']} (loss {s['loss']}); the optimizer "
                     "step was not taken. Lower optim.lr or check the rollouts' scores for inf/NaN.")
-            optimizer.step()
+            checked_step(optimizer, (p for p in model.parameters() if p.requires_grad), f"iteration {iteration}", "optim.lr")
             optimizer.zero_grad(set_to_none=True)
             if ema is not None:
                 ema.update()
@@ -499,6 +500,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
         return []
 
 
+def _non_finite(record: dict, prefix: str = "") -> list[str]:
+    """``key=value`` of every inf or NaN in ``record``, nested records (the warm start's) included."""
+    out = []
+    for k, v in record.items():
+        if isinstance(v, dict):
+            out += _non_finite(v, f"{prefix}{k}.")
+        elif isinstance(v, float) and not math.isfinite(v):
+            out.append(f"{prefix}{k}={v}")
+    return out
+
+
 class MetricsLog:
     """metrics.jsonl (one object per line, the source of truth) and, optionally, TensorBoard."""
 
@@ -514,6 +526,11 @@ class MetricsLog:
                 self.tb = None
 
     def write(self, record: dict) -> None:
+        """Append ``record``; FloatingPointError naming its inf or NaN values (a diverged run: strict JSON has none)."""
+        bad = _non_finite(record)
+        if bad:
+            raise FloatingPointError(f"iteration {record['iteration']}: {', '.join(bad)}; the run diverged, lower optim.lr "
+                                     "or check the rollouts' scores for inf/NaN")
         with self.path.open("a") as f:
             f.write(json.dumps(record, allow_nan=False) + "\n")  # strict JSON: undefined values are null
         if self.tb is not None:
@@ -541,7 +558,7 @@ def trainable_policy(cfg: TrainConfig, make_env: Callable[[], object], progress:
 def _check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
     if not (run_dir / "config.json").is_file():
         raise ConfigError(f"--resume: {run_dir} is not a run directory (no config.json); check out_dir")
-    diff = config_diff(json.loads((run_dir / "config.json").read_text()), to_dict(cfg), ("iterations", "out_dir"))
+    diff = config_diff(saved_config(run_dir), to_dict(cfg), ("iterations", "out_dir"))
     if diff:
         raise ConfigError(f"--resume: the config differs from the run's saved config.json in {', '.join(diff)}; "
                           "only `iterations` may change when resuming")
@@ -552,7 +569,8 @@ def keep_through(path: Path, iteration: int) -> None:
     what came after its checkpoint). A last line cut short by a kill is dropped; a bad line before it is an error."""
     if not path.is_file():
         return
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    # the trainer writes ASCII (json.dumps escapes the rest): a byte that is not UTF-8 is damage, and its line fails below
+    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     keep = []
     for n, ln in enumerate(lines):
         try:
@@ -561,6 +579,8 @@ def keep_through(path: Path, iteration: int) -> None:
             if n == len(lines) - 1:
                 break
             raise ConfigError(f"{path}: line {n + 1} is not JSON; the file was damaged, not just cut short") from None
+        if not isinstance(record, dict) or type(record.get("iteration")) is not int:
+            raise ConfigError(f"{path}: line {n + 1} is not a record with an integer iteration; the file was damaged")
         if record["iteration"] <= iteration:
             keep.append(ln)
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
@@ -572,17 +592,24 @@ def keep_through(path: Path, iteration: int) -> None:
 
 
 def train(cfg: TrainConfig, run_dir: Path, *, resume: bool = False, console: Console | None = None) -> dict:
-    """Run (or resume) RL training into ``run_dir``; return the summary."""
-    console = console or Console()
+    """Run (or resume) RL training into ``run_dir``; return the summary. The folder is locked while it runs
+    (:mod:`oma.train.lock`): a second process training into it is refused, naming this one."""
     t_start = time.perf_counter()
-    torch.set_num_threads(cfg.threads)
-
-    # ---- 0. setup: env, run directory, policy (warm start), optimizer, resume ------------------
-    new_env = make_env(cfg)  # new_env() is a fresh environment
+    new_env = make_env(cfg)  # new_env() is a fresh environment; a bad env.options is refused before any file is touched
     if resume:
         _check_resume_config(run_dir, cfg)
-        clean_debris(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with held(run_dir):
+        return _train(cfg, run_dir, resume, console or Console(), new_env, t_start)
+
+
+def _train(cfg: TrainConfig, run_dir: Path, resume: bool, console: Console, new_env: Callable[[], object],
+           t_start: float) -> dict:
+    torch.set_num_threads(cfg.threads)
+
+    # ---- 0. setup: run directory, policy (warm start), optimizer, resume -------------------------
+    if resume:
+        clean_debris(run_dir)  # under the lock: a live process's temporary files are not debris
     atomic_write_text(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
     log = MetricsLog(run_dir, cfg.tensorboard)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -25,10 +25,12 @@ class _Engine:
     running = 0  # engines started and not closed, in this process
 
     def __init__(self) -> None:
-        port, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH,
-                                    javaopts=list(JAVA_OPTIONS), return_proc=True)
+        # The gateway listens on 127.0.0.1 (py4j's default) and, with enable_auth, serves only a client that
+        # sends the token the JVM printed to this process: another local user cannot drive it on its port.
+        port, token, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH,
+                                           javaopts=list(JAVA_OPTIONS), enable_auth=True, return_proc=True)
         self.process = proc
-        self.gateway = JavaGateway(gateway_parameters=GatewayParameters(auto_field=True, port=port),
+        self.gateway = JavaGateway(gateway_parameters=GatewayParameters(auto_field=True, port=port, auth_token=token),
                                    java_process=proc)
         self.server: Any = self.gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
         self.closed = False

@@ -41,7 +41,7 @@ class HFEngine(Sampler):
         from transformers import AutoTokenizer
 
         super().__init__(model_path, seed=seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)  # as the model: no Hub
         self.version = 0
 
     def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> dict[str, Any]:

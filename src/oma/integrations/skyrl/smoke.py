@@ -28,12 +28,11 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from oma.integrations.smoke_run import SmokeError, refused, run_in_session
+from oma.integrations.smoke_run import SmokeError, refused, run_in_session, work_folder
 
 ACTIVE_LINE = "oma: SkyRL integration active in "
 PROMPTS = 4
@@ -63,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=2, help="SkyRL training steps (default 2)")
     p.add_argument("--mass", choices=("native", "uniform", "group"), default="uniform")
     p.add_argument("--accounting", choices=("trajectory", "row"), default="trajectory")
-    p.add_argument("--out", default=None, help="work folder (model, data, train.log, metrics.jsonl); default: a temporary one")
+    p.add_argument("--out", default=None, help="work folder (model, data, train.log, metrics.jsonl), kept; default: a "
+                   "temporary one, removed after the run unless it fails")
     p.add_argument("--timeout", type=int, default=600, help="seconds before the run is stopped (default 600)")
     return p
 
@@ -208,9 +208,8 @@ def problem(result: dict[str, Any], wanted_steps: int) -> str | None:
     return None
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="oma-skyrl-smoke-"))
-    work.mkdir(parents=True, exist_ok=True)
+def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The run in folder ``work``: the JSON line's fields."""
     build_inputs(work)
     metrics = work / "metrics.jsonl"
     metrics.unlink(missing_ok=True)
@@ -230,9 +229,11 @@ def main(argv: list[str]) -> int:
     status = refused("oma skyrl-smoke", args.steps, args.timeout, check_install)
     if status is not None:
         return status
-    result = run(args)
+    with work_folder(args.out, "oma-skyrl-smoke-") as folder:
+        result = run(folder.path, args)
+        trouble = problem(result, args.steps)
+        folder.settle(trouble is None, result)
     print(json.dumps(result))
-    trouble = problem(result, args.steps)
     if trouble:
         print(f"oma skyrl-smoke: {trouble}", file=sys.stderr)
         return 1

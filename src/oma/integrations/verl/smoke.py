@@ -28,12 +28,11 @@ import math
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from oma.integrations.smoke_run import SmokeError, refused, run_in_session
+from oma.integrations.smoke_run import SmokeError, refused, run_in_session, work_folder
 
 MINI_BATCH_PROMPTS = 2
 """Prompts per PPO mini-batch: with 4 prompts per step a step has 2 mini-batches (4 rollouts each)."""
@@ -69,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
         help="oma: oma's oma_sync trainer (default); verl: verl's own sync trainer with grpo and token-mean, "
         "the native baseline (timing comparisons)",
     )
-    p.add_argument("--out", default=None, help="work folder (model, data, train.log); default: a temporary one")
+    p.add_argument("--out", default=None, help="work folder (model, data, train.log), kept; default: a temporary one, "
+                   "removed after the run unless it fails")
     p.add_argument("--dump-dir", default=None, metavar="DIR",
                    help="write each step's batch to DIR/batches/ (algorithm.oma.dump_dir) for `oma audit DIR --all`")
     p.add_argument("--timeout", type=int, default=900, help="seconds before the run is stopped (default 900)")
@@ -176,11 +176,17 @@ def parse_log(text: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    with work_folder(args.out, "oma-verl-smoke-") as folder:
+        status, result = run_in(folder.path, args)
+        folder.settle(status == 0, result)
+        return status, result
+
+
+def run_in(work: Path, args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """The run in folder ``work``: (exit status, the JSON line's fields)."""
     from oma.integrations.verl import cpu
     from oma.integrations.verl.smoke_inputs import build_inputs
 
-    work = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="oma-verl-smoke-"))
-    work.mkdir(parents=True, exist_ok=True)
     build_inputs(work)
     (work / "agent_loops.yaml").write_text(
         "- name: oma_smoke_multistep\n  _target_: oma.integrations.verl.smoke_agent.MultiStepSmokeAgentLoop\n"
