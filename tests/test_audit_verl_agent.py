@@ -254,8 +254,8 @@ def test_episode_rewards_that_vary_inside_a_trajectory(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,needle", [
     (["--invalid-penalty", "0.1"], "add --from verl-agent"),
-    (["--from", "verl-agent", "--invalid-penalty", "-1"], "--invalid-penalty must be a finite number ≥ 0"),
-    (["--from", "verl-agent", "--invalid-penalty", "nan"], "--invalid-penalty must be a finite number ≥ 0"),
+    (["--from", "verl-agent", "--invalid-penalty", "-1"], "argument --invalid-penalty: expected a finite number ≥ 0"),
+    (["--from", "verl-agent", "--invalid-penalty", "nan"], "argument --invalid-penalty: expected a finite number ≥ 0"),
     (["--from", "verl-agent", "--estimator", "gigpo", "--gamma", "0.9"], "--gamma does not apply"),
     (["--from", "webshop"], "invalid choice"),
 ])

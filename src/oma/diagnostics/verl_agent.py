@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from oma.diagnostics.figures import DumpInfo
 from oma.diagnostics.tables import (
+    ID_ROLES,
     AuditInputError,
     BatchColumns,
     _bools,
@@ -21,6 +22,7 @@ from oma.diagnostics.tables import (
     in_trajectory,
     label_of,
     read_table,
+    unique_columns,
 )
 
 VERL_AGENT_COLUMNS: dict[str, str] = {
@@ -31,6 +33,9 @@ VERL_AGENT_COLUMNS: dict[str, str] = {
     "step_reward": "step_rewards",
 }
 """verl-agent's name for each role (docs/audit.md#verl-agent-batches)."""
+
+EXTRA_COLUMNS: tuple[str, ...] = ("is_action_valid", "row_hash", "response_mask", "response_tokens")
+"""The other columns the reader uses: the penalty's, the row identity's and the tokens'."""
 
 VERL_AGENT_PENALTY = 0.1
 """verl-agent's default ``actor_rollout_ref.actor.invalid_action_penalty_coef``."""
@@ -48,9 +53,11 @@ def read_verl_agent(
 
     See :func:`verl_agent_from_table`; ``columns`` overrides verl-agent's column names.
     """
-    table = read_table(path, fmt)
+    names = {**VERL_AGENT_COLUMNS, **(columns or {})}
+    table, found = read_table(path, fmt, {*names.values(), *EXTRA_COLUMNS}, {names[r] for r in ID_ROLES if r in names})
     return verl_agent_from_table(
-        table, columns, invalid_penalty=invalid_penalty, success_threshold=success_threshold, source=str(path)
+        table, columns, invalid_penalty=invalid_penalty, success_threshold=success_threshold, source=str(path),
+        found=found,
     )
 
 
@@ -61,6 +68,7 @@ def verl_agent_from_table(
     invalid_penalty: float = VERL_AGENT_PENALTY,
     success_threshold: float | None = None,
     source: str = "<table>",
+    found: list[str] | None = None,
 ) -> BatchColumns:
     """A verl-agent batch (``uid``, ``traj_uid``, ``episode_rewards``, ``is_action_valid``, ``response_mask``
     or ``response_tokens``, and for GiGPO ``anchor_obs`` and ``step_rewards``) as verl-agent trains on it.
@@ -76,6 +84,8 @@ def verl_agent_from_table(
       (and in ``row_hash`` when the dump has it) is flagged in ``padding_copy``; it stays in the
       batch, because verl-agent trains on it.
 
+    ``found``: the columns of the file the table was read from, for messages (default: the table's).
+
     Raises:
         AuditInputError: one line naming the column, and the trajectory (``traj_uid``) where a row
             is at fault.
@@ -84,17 +94,18 @@ def verl_agent_from_table(
         raise AuditInputError(f"--invalid-penalty must be a finite number ≥ 0, got {invalid_penalty!r}")
     names = list(table.column_names)
     overrides = dict(columns or {})
+    unique_columns(names, {*VERL_AGENT_COLUMNS.values(), *overrides.values(), *EXTRA_COLUMNS}, source)
     mapping = {role: col for role, col in VERL_AGENT_COLUMNS.items() if role not in overrides and col in names}
     for role in ("group_id", "traj_id", "score"):
         col = overrides.get(role, VERL_AGENT_COLUMNS[role])
         if col not in names and table.num_rows:
             raise AuditInputError(
-                f"missing column {col!r} ({role}) in {source} (found: {', '.join(names) or 'no columns'}); "
+                f"missing column {col!r} ({role}) in {source} (found: {', '.join(found or names) or 'no columns'}); "
                 f"--from verl-agent reads verl-agent's columns (docs/audit.md#verl-agent-batches), or map it with "
                 f"--col {role}=NAME"
             )
     mapping.update(overrides)
-    b = batch_from_table(table, mapping, source=source)
+    b = batch_from_table(table, mapping, source=source, found=found)
     where = in_trajectory(b.traj_index, b.traj_labels)
     episode = b.scores
     _check_constant(episode, b.traj_index, b.traj_labels, f"'{mapping['score']}' (score)",
@@ -116,7 +127,7 @@ def verl_agent_from_table(
         else:
             won = episode >= success_threshold
             rule = f"{mapping['score']} >= {success_threshold:g} (before the invalid-action penalty)"
-    key_columns = sorted({*mapping.values(), "is_action_valid", "row_hash", "response_mask", "response_tokens"} & set(names))
+    key_columns = sorted({*mapping.values(), *EXTRA_COLUMNS} & set(names))
     return dataclasses.replace(
         b,
         scores=scores,
