@@ -195,7 +195,7 @@ def test_copies_only_from_a_row_identity(tmp_path, capsys):
     skip = {"padding_copies", "verdict", "settings", "source"}
     assert {k: v for k, v in exact.items() if k not in skip} == {k: v for k, v in blind.items() if k not in skip}
     assert oma_main(["audit", path, *args]) == 0
-    assert "cannot tell: no row_hash or input_ids column" in capsys.readouterr().out
+    assert "cannot tell: no row_hash, row_id or input_ids column" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("shape", ["ragged", "padded"])
@@ -210,6 +210,15 @@ def test_token_ids_are_a_row_identity(tmp_path, shape):
         doc = run(tmp_path, dump(tmp_path, batch, name, drop=drop), "--from", "verl-agent")
         assert doc["padding_copies"]["rows"] == batch["copies_added"], name
         assert doc["settings"]["row_identity"] == "input_ids"
+
+
+def test_the_rows_numbering_is_a_row_identity(tmp_path):
+    """#58 item 9: row_id, the numbering OMA's verl-agent patch gives the rows before adjust_batch (a copy carries its
+    original's), tells copies apart as row_hash does."""
+    batch = look_alike_batch(9)
+    doc = run(tmp_path, dump(tmp_path, batch, drop=("score", "is_copy", "copies_added", "row_hash")), "--from",
+              "verl-agent")
+    assert doc["padding_copies"]["rows"] == batch["copies_added"] and doc["settings"]["row_identity"] == "row_id"
 
 
 def test_a_hash_collision_is_never_a_copy(monkeypatch):

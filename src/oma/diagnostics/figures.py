@@ -112,8 +112,9 @@ class DumpInfo:
         invalid_penalty: verl-agent's invalid-action penalty subtracted from each row's score
             (None for ``oma``).
         invalid_actions: rows whose action was invalid (None without an ``is_action_valid`` column).
-        row_identity: the column that told padding copies apart (``row_hash`` or ``input_ids``); None for
-            ``oma``, and for a verl-agent dump without one, where copies cannot be told from repeated steps.
+        row_identity: the column that told padding copies apart (``row_hash``, ``row_id`` or
+            ``input_ids``); None for ``oma``, and for a verl-agent dump without one, where copies cannot be
+            told from repeated steps.
     """
 
     format: str = "oma"
@@ -124,8 +125,8 @@ class DumpInfo:
 
 @dataclass(frozen=True)
 class PaddingCopies:
-    """Rows whose row identity (``row_hash`` or ``input_ids``) repeats an earlier row of their trajectory:
-    verl-agent's ``adjust_batch`` padding.
+    """Rows whose row identity (``row_hash``, ``row_id`` or ``input_ids``) repeats an earlier row of their
+    trajectory: verl-agent's ``adjust_batch`` padding.
 
     The audit keeps them (they are trained on); this says how much they weigh.
 
@@ -405,9 +406,9 @@ def _f(x: float, spec: str = ".3g") -> str:
 
 
 NO_ROW_IDENTITY = (
-    "this dump has no row identity (a row_hash or input_ids column), so the audit cannot tell verl-agent's padding "
-    "copies from steps that repeat a state with the same reward and length, and counts none; dump row_hash as "
-    "docs/audit.md#verl-agent-batches shows to weigh them"
+    "this dump has no row identity (a row_hash, row_id or input_ids column), so the audit cannot tell verl-agent's "
+    "padding copies from steps that repeat a state with the same reward and length, and counts none; dump row_id "
+    "as docs/audit.md#verl-agent-batches shows to weigh them"
 )
 
 

@@ -141,7 +141,10 @@ def _dump_rows(r: AuditReport) -> list[list[str]]:
             f"{pc.rows} / {pc.trajectories} / {fmt(pc.mass['row+native'], '%')}",
         ])
     elif copies_unknown(r):
-        out.append(["padding copies", "cannot tell: no row_hash or input_ids column (docs/audit.md#verl-agent-batches)"])
+        out.append([
+            "padding copies",
+            "cannot tell: no row_hash, row_id or input_ids column (docs/audit.md#verl-agent-batches)",
+        ])
     if r.dump.invalid_penalty is not None:
         n = "– (no is_action_valid column)" if r.dump.invalid_actions is None else str(r.dump.invalid_actions)
         out.append([f"invalid actions (−{r.dump.invalid_penalty:g} each on the row's score)", n])

@@ -38,10 +38,10 @@ VERL_AGENT_COLUMNS: dict[str, str] = {
 }
 """verl-agent's name for each role (docs/audit.md#verl-agent-batches)."""
 
-ROW_IDENTITIES: tuple[str, ...] = ("row_hash", "input_ids")
-"""Columns that tell a padding copy from a step that merely looks the same, by preference: a hash of the row
-written by the dump (docs/audit.md#verl-agent-batches), or the row's token ids (verl's prompt + response
-``input_ids``). A copy repeats its original's identity; two steps of a trajectory never share one."""
+ROW_IDENTITIES: tuple[str, ...] = ("row_hash", "row_id", "input_ids")
+"""Columns that tell a padding copy from a step that merely looks the same, by preference: a value per row
+written by the dump, the rows' numbering before ``adjust_batch`` (OMA's verl-agent patch, docs/verl-agent.md),
+or the row's token ids (verl's prompt + response ``input_ids``). A copy repeats its original's identity."""
 
 EXTRA_COLUMNS: tuple[str, ...] = ("is_action_valid", *ROW_IDENTITIES, "response_mask", "response_tokens")
 """The other columns the reader uses: the penalty's, the row identity's and the tokens'."""
