@@ -14,7 +14,8 @@ import verl_agent_sim as sim
 
 from oma.cli import main as oma_main
 from oma.diagnostics.tables import AuditInputError
-from oma.diagnostics.verl_agent import _repeats, verl_agent_from_table
+from oma.diagnostics import verl_agent
+from oma.diagnostics.verl_agent import _digests, padding_copies, verl_agent_from_table
 
 SEEDS = (0, 1, 2)
 
@@ -142,19 +143,122 @@ def test_penalty_and_copies_by_hand():
     assert r.padding_copies.mass["trajectory+aligned"] == pytest.approx(0.25 * 6 / 16, rel=1e-12)  # t1 = 1/4, row 6/16
 
 
-def test_repeats_need_every_column():
-    t = pa.table({"a": [1, 1, 1, 2], "b": ["x", "y", "x", "x"], "m": [[1, 0], [1, 0], [1, 0], [1, 0]]})
-    assert _repeats(t, ["a", "b", "m"]).tolist() == [False, False, True, False]
-    assert _repeats(t, ["a"]).tolist() == [False, True, True, False]
-
-
 def test_row_hash_tells_identical_steps_apart():
-    """Two genuine steps that look alike in every other column are not copies when their row_hash differs."""
+    """#58 item 9: two genuine steps that look alike in every other column are not copies when their row_hash
+    differs; without a row identity no copy is guessed (padding_copy is None, not all False)."""
     cols = {"uid": ["a"] * 4, "traj_uid": ["t1", "t1", "t2", "t2"], "episode_rewards": [0.0, 0.0, 10.0, 10.0],
             "is_action_valid": [True] * 4, "response_tokens": [5] * 4}
-    assert verl_agent_from_table(pa.table(cols)).padding_copy.tolist() == [False, True, False, True]
-    with_hash = pa.table({**cols, "row_hash": ["h1", "h2", "h3", "h4"]})
-    assert verl_agent_from_table(with_hash).padding_copy.tolist() == [False] * 4
+    b = verl_agent_from_table(pa.table(cols))
+    assert b.padding_copy is None and b.dump.row_identity is None
+    with_hash = verl_agent_from_table(pa.table({**cols, "row_hash": ["h1", "h2", "h3", "h4"]}))
+    assert with_hash.padding_copy.tolist() == [False] * 4 and with_hash.dump.row_identity == "row_hash"
+
+
+# ---- padding copies only from a row identity (#58 item 9) -----------------------------------------
+
+
+def look_alike_batch(seed: int) -> dict:
+    """A simulated dump where every step has the same length, so a failed episode that revisits a room repeats an
+    earlier step in every column but the row identity: the look-alikes of issue #58 item 9."""
+    batch = sim.simulate(seed, groups=12, n=8)
+    batch["response_tokens"] = np.full_like(batch["response_tokens"], 5)
+    return batch
+
+
+def look_alikes(batch: dict, columns: list[str]) -> int:
+    """Rows equal to an earlier row in every one of ``columns`` (by a loop: the old rule)."""
+    seen, n = set(), 0
+    for r in range(len(batch["uid"])):
+        key = tuple(batch[c][r].item() if hasattr(batch[c][r], "item") else batch[c][r] for c in columns)
+        n += key in seen
+        seen.add(key)
+    return n
+
+
+def test_copies_only_from_a_row_identity(tmp_path, capsys):
+    """#58 item 9: without row_hash, look-alike steps were reported as padding copies and the verdict stated it as
+    fact; now the audit says it cannot tell, and how to dump so that it can. With row_hash the count is exact."""
+    batch = look_alike_batch(7)
+    columns = ["uid", "traj_uid", "episode_rewards", "rewards", "is_action_valid", "anchor_obs", "response_tokens",
+               "step_rewards"]
+    assert look_alikes(batch, columns) > batch["copies_added"] > 0  # what the old rule counted, and the truth
+    args = ("--from", "verl-agent", "--estimator", "gigpo")
+    exact = run(tmp_path, dump(tmp_path, batch), *args)
+    assert exact["padding_copies"]["rows"] == batch["copies_added"]
+    assert exact["padding_copies"]["trajectories"] == len(set(batch["traj_uid"][batch["is_copy"]]))
+    assert exact["settings"]["row_identity"] == "row_hash"
+    path = dump(tmp_path, batch, "no_hash.parquet", drop=("score", "is_copy", "copies_added", "row_id", "row_hash"))
+    blind = run(tmp_path, path, *args)
+    assert blind["padding_copies"] is None and blind["settings"]["row_identity"] is None
+    assert "cannot tell verl-agent's padding copies" in blind["verdict"]
+    assert "docs/audit.md#verl-agent-batches" in blind["verdict"] and "rows are padding copies" not in blind["verdict"]
+    skip = {"padding_copies", "verdict", "settings", "source"}
+    assert {k: v for k, v in exact.items() if k not in skip} == {k: v for k, v in blind.items() if k not in skip}
+    assert oma_main(["audit", path, *args]) == 0
+    assert "cannot tell: no row_hash, row_id or input_ids column" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("shape", ["ragged", "padded"])
+def test_token_ids_are_a_row_identity(tmp_path, shape):
+    """#58 item 9: the token ids of prompt + response (verl's input_ids) tell copies apart as row_hash does, ragged
+    or padded, in Parquet and JSONL."""
+    batch = look_alike_batch(8)
+    width = {"ragged": lambda r: 3 + r % 5, "padded": lambda r: 12}[shape]
+    batch["input_ids"] = [[int(r) % 97, int(r) // 97, 151643, *([7] * (width(int(r)) - 3))] for r in batch["row_id"]]
+    drop = ("score", "is_copy", "copies_added", "row_id", "row_hash")
+    for name in ("ids.parquet", "ids.jsonl"):
+        doc = run(tmp_path, dump(tmp_path, batch, name, drop=drop), "--from", "verl-agent")
+        assert doc["padding_copies"]["rows"] == batch["copies_added"], name
+        assert doc["settings"]["row_identity"] == "input_ids"
+
+
+def test_the_rows_numbering_is_a_row_identity(tmp_path):
+    """#58 item 9: row_id, the numbering OMA's verl-agent patch gives the rows before adjust_batch (a copy carries its
+    original's), tells copies apart as row_hash does."""
+    batch = look_alike_batch(9)
+    doc = run(tmp_path, dump(tmp_path, batch, drop=("score", "is_copy", "copies_added", "row_hash")), "--from",
+              "verl-agent")
+    assert doc["padding_copies"]["rows"] == batch["copies_added"] and doc["settings"]["row_identity"] == "row_id"
+
+
+def test_a_hash_collision_is_never_a_copy(monkeypatch):
+    """#58 item 9: rows are paired by a 64-bit hash and then compared exactly: with every hash equal, only true
+    repeats inside a trajectory are copies."""
+    monkeypatch.setattr(verl_agent, "_digests", lambda chunk, what: np.zeros(len(chunk), dtype=np.uint64))
+    col = pa.chunked_array([["a", "b", "a", "c"], ["b", "a"]])
+    traj = np.array([0, 0, 0, 1, 1, 0])
+    assert padding_copies(col, traj, "'row_hash'").tolist() == [False, False, True, False, False, True]
+
+
+def test_a_rows_hash_is_its_value_alone():
+    """#58 item 9: a row's hash depends on its value only, not on its chunk, slice, neighbours' widths or integer
+    width, so a copy is found whichever chunk it lands in."""
+    h = "0123456789abcdef0123456789abcdef01234567"
+    one_width = pa.array([h, h[::-1]])
+    mixed = pa.array(["zz", h, "q" * 17]).slice(1)
+    assert _digests(one_width, "")[0] == _digests(mixed, "")[0] != _digests(one_width, "")[1]
+    ids = [[5, 6, 7], [1, 2, 3]]
+    lists = [pa.array(ids, pa.list_(pa.int32())), pa.array(ids, pa.large_list(pa.int64())),
+             pa.array(ids, pa.list_(pa.int64(), 3)), pa.array([[9], *ids], pa.list_(pa.int64())).slice(1)]
+    digests = [_digests(a, "").tolist() for a in lists]
+    assert all(d == digests[0] for d in digests) and digests[0][0] != digests[0][1]
+    col = pa.chunked_array([one_width, pa.array(["x", h, "y" * 9])])
+    assert padding_copies(col, np.zeros(5, dtype=np.int64), "'row_hash'").tolist() == [False] * 3 + [True, False]
+
+
+@pytest.mark.parametrize("value,needle", [(None, "1 null value(s)"), ({"a": 1}, "must hold strings, integers or lists")])
+def test_bad_row_identity(tmp_path, capsys, value, needle):
+    """#58 item 9: a row identity that is missing on a row, or of a kind that cannot be compared, is one line."""
+    batch = sim.simulate(0)
+    path = tmp_path / "dump.jsonl"
+    sim.write(batch, path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[3]["row_hash"] = value
+    if value is not None:
+        rows = [dict(r, row_hash=value) for r in rows]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    err = fails(tmp_path, capsys, str(path), "--from", "verl-agent")
+    assert "column 'row_hash'" in err and needle in err
 
 
 # ---- equivalences -------------------------------------------------------------------------------
@@ -254,8 +358,8 @@ def test_episode_rewards_that_vary_inside_a_trajectory(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,needle", [
     (["--invalid-penalty", "0.1"], "add --from verl-agent"),
-    (["--from", "verl-agent", "--invalid-penalty", "-1"], "--invalid-penalty must be a finite number ≥ 0"),
-    (["--from", "verl-agent", "--invalid-penalty", "nan"], "--invalid-penalty must be a finite number ≥ 0"),
+    (["--from", "verl-agent", "--invalid-penalty", "-1"], "argument --invalid-penalty: expected a finite number ≥ 0"),
+    (["--from", "verl-agent", "--invalid-penalty", "nan"], "argument --invalid-penalty: expected a finite number ≥ 0"),
     (["--from", "verl-agent", "--estimator", "gigpo", "--gamma", "0.9"], "--gamma does not apply"),
     (["--from", "webshop"], "invalid choice"),
 ])

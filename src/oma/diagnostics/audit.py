@@ -54,6 +54,10 @@ from oma.diagnostics.figures import (
     PaddingCopies,
 )
 
+LARGEST_VALUE = 1e150
+"""Largest |score| and |step reward| audited: the group std sums squared deviations, which overflow float64
+beyond about 1e154 and would turn every advantage into 0 or NaN without a word."""
+
 __all__ = ["ACCOUNTING_NAMES", "AccountingFigures", "AuditReport", "DirectionSplit", "audit"]
 
 
@@ -114,8 +118,10 @@ def audit(
     check_option("reducer", reducer, REDUCERS)
     check_option("aligned_mass", aligned_mass, tuple(m for m in MASSES if m != "native"))
     check_option("estimator", estimator, (*ESTIMATORS, "gigpo"))
+    _check_finite(eps=eps, gamma=gamma, step_advantage_w=step_advantage_w, success_threshold=success_threshold)
     check_positive("eps", eps, allow_zero=True)
     s, g, t, n_tok, length = _inputs(scores, group_index, traj_index, response_tokens, response_mask, response_length)
+    _check_magnitude("scores", s)
     rows = int(s.shape[0])
     structure = batch_structure(g, t)  # once for every oma.core call below
     T, G = structure.n_traj, structure.n_groups
@@ -341,8 +347,13 @@ def _duplicated_rows(step_index, structure: BatchStructure, rows: int, traj_labe
     st = np.array(step_index, dtype=np.int64)
     if st.shape != (rows,):
         raise ValueError(f"step_index must have shape ({rows},), got {st.shape}")
-    lo, hi = int(st.min()), int(st.max())
-    key = structure.traj.inverse.numpy() * (hi - lo + 1) + (st - lo)
+    lo, span = int(st.min()), int(st.max()) - int(st.min()) + 1
+    if structure.n_traj * span >= 2**63:  # the (trajectory, step) key would overflow int64: number the steps by rank
+        ranks = np.unique(st, return_inverse=True)[1]
+        lo, span = 0, int(ranks.max()) + 1
+    else:
+        ranks = st
+    key = structure.traj.inverse.numpy() * span + (ranks - lo)
     order = np.argsort(key, kind="stable")  # numpy's sort: ~10x torch's on CPU
     repeat = key[order][1:] == key[order][:-1]
     n = int(repeat.sum())
@@ -366,6 +377,23 @@ def _traj_label(structure: BatchStructure, tau: int, traj_labels) -> object:
 
 # ------------------------------------------------------------------------------------------------
 # helpers
+
+
+def _check_magnitude(name: str, values: Tensor) -> None:
+    big = values.abs() > LARGEST_VALUE
+    if bool(big.any()):
+        r = int(big.nonzero()[0, 0])
+        raise ValueError(
+            f"{name} reach {float(values[r]):g} (row {r}, 0-based); beyond ±{LARGEST_VALUE:g} the group statistics "
+            "overflow float64: rescale them"
+        )
+
+
+def _check_finite(**settings: float | None) -> None:
+    """NaN or inf in a setting makes every figure that reads it n/a or 0 without a word."""
+    for name, value in settings.items():
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def _tensor(name: str, x, dtype: torch.dtype | None = None) -> Tensor:
@@ -440,9 +468,11 @@ def _gigpo(s, g, t, step_index, anchor, step_rewards, structure, acc, norm_by_st
         raise ValueError(f"estimator 'gigpo' needs column {missing!r} (GiGPO's step term)")
     if step_index is None:  # the row order inside each trajectory is its step order (verl-agent keeps rows in order)
         step_index = structure.position_in_trajectory()
+    step_rewards = _tensor("step_rewards", step_rewards, torch.float64)
+    _check_magnitude("step_rewards", step_rewards)
     return gigpo_advantages(
         s,
-        _tensor("step_rewards", step_rewards, torch.float64),
+        step_rewards,
         _tensor("anchor", anchor, torch.int64),
         g,
         t,

@@ -9,7 +9,9 @@ half-written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -29,6 +31,25 @@ GAMMA = 0.95
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage block
         raise AuditInputError(message)
+
+
+def _number(expected: str = "a finite number", lo: float = -math.inf, hi: float = math.inf):
+    """An argparse type: a finite float in [lo, hi]. ``float`` alone takes "nan" and "inf", which turn every figure
+    that reads the option into n/a or 0 without a word."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+_NON_NEGATIVE = _number("a finite number ≥ 0", lo=0.0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--invalid-penalty",
-        type=float,
+        type=_NON_NEGATIVE,
         default=None,
         metavar="C",
         help=f"--from verl-agent: subtract C per invalid action from the row's score, as verl-agent does "
@@ -83,18 +104,18 @@ def _parser() -> argparse.ArgumentParser:
         help="divide advantages by the group std (default: on; --no-std is Dr. GRPO; --from verl-agent with "
         "gigpo: off, verl-agent's default algorithm.gigpo.mode=mean_norm)",
     )
-    p.add_argument("--eps", type=float, default=1e-6, help="epsilon of the std normalisation (default 1e-6)")
+    p.add_argument("--eps", type=_NON_NEGATIVE, default=1e-6, help="epsilon of the std normalisation (default 1e-6)")
     p.add_argument(
         "--gamma",
-        type=float,
+        type=_number("a number in [0, 1]", lo=0.0, hi=1.0),
         default=None,
         help=f"GiGPO step-return discount (default {GAMMA:g}; not with --from verl-agent, whose step_rewards are "
         "already discounted returns)",
     )
-    p.add_argument("--step-advantage-w", type=float, default=1.0, help="GiGPO step-term weight (default 1)")
+    p.add_argument("--step-advantage-w", type=_NON_NEGATIVE, default=1.0, help="GiGPO step-term weight (default 1)")
     p.add_argument(
         "--success-threshold",
-        type=float,
+        type=_number(),
         default=None,
         help="without a won column: success iff trajectory outcome >= T (default: outcome > 0)",
     )
@@ -143,6 +164,8 @@ def _check_targets(args: argparse.Namespace) -> None:
         target = Path(args.json)
         if target.is_dir():
             raise AuditInputError(f"--json {target}: is a directory")
+        if target.exists() and not target.is_file():  # the report is renamed over it: a device or FIFO would go
+            raise AuditInputError(f"--json {target}: exists and is not a regular file")
         if not target.resolve().parent.is_dir():
             raise AuditInputError(f"--json {target}: directory {target.parent} does not exist")
     for flag in ("html", "md"):
@@ -311,27 +334,40 @@ def _commit_dir(stage: Path, target: Path) -> None:
     stage.rmdir()
 
 
+@contextlib.contextmanager
+def _naming(flag: str, target: Path):
+    """An OSError while writing ``target`` (a full disk, a folder we may not write) as one line naming the option
+    and the file, not the temporary name it was being written under."""
+    try:
+        yield
+    except OSError as err:
+        raise AuditInputError(f"{flag} {target}: cannot write: {err.strerror or err}") from None
+
+
 def _write_outputs(args: argparse.Namespace, report, items, path: Path) -> None:
-    staged: list[tuple[Path, Path, bool]] = []  # (temporary, target, is_dir)
+    staged: list[tuple[str, Path, Path]] = []  # (flag, temporary, target)
     try:
         if args.json:
             target = Path(args.json)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.resolve().parent)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(_json_doc(report, items, path), fh, indent=2, ensure_ascii=False, allow_nan=False)
-                fh.write("\n")
-            staged.append((Path(tmp), target, False))
+            with _naming("--json", target):
+                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.resolve().parent)
+                staged.append(("--json", Path(tmp), target))
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
+                    json.dump(_json_doc(report, items, path), fh, indent=2, ensure_ascii=False, allow_nan=False)
+                    fh.write("\n")
         for kind in ("html", "md"):
             d = getattr(args, kind)
             if d:
-                staged.append((_stage_dir(Path(d), kind, report, items, path), Path(d), True))
+                with _naming(f"--{kind}", Path(d)):
+                    staged.append((f"--{kind}", _stage_dir(Path(d), kind, report, items, path), Path(d)))
     except BaseException:
-        for tmp, _, is_dir in staged:
-            shutil.rmtree(tmp, ignore_errors=True) if is_dir else tmp.unlink(missing_ok=True)
+        for _, tmp, _ in staged:
+            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
         raise
-    for tmp, target, is_dir in staged:
-        if is_dir:
-            _commit_dir(tmp, target)
-        else:
-            os.replace(tmp, target)
+    for flag, tmp, target in staged:
+        with _naming(flag, target):
+            if flag == "--json":
+                os.replace(tmp, target)
+            else:
+                _commit_dir(tmp, target)

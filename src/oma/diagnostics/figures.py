@@ -112,16 +112,21 @@ class DumpInfo:
         invalid_penalty: verl-agent's invalid-action penalty subtracted from each row's score
             (None for ``oma``).
         invalid_actions: rows whose action was invalid (None without an ``is_action_valid`` column).
+        row_identity: the column that told padding copies apart (``row_hash``, ``row_id`` or
+            ``input_ids``); None for ``oma``, and for a verl-agent dump without one, where copies cannot be
+            told from repeated steps.
     """
 
     format: str = "oma"
     invalid_penalty: float | None = None
     invalid_actions: int | None = None
+    row_identity: str | None = None
 
 
 @dataclass(frozen=True)
 class PaddingCopies:
-    """Rows that repeat an earlier row in every dumped column: verl-agent's ``adjust_batch`` padding.
+    """Rows whose row identity (``row_hash``, ``row_id`` or ``input_ids``) repeats an earlier row of their
+    trajectory: verl-agent's ``adjust_batch`` padding.
 
     The audit keeps them (they are trained on); this says how much they weigh.
 
@@ -325,6 +330,7 @@ def report_dict(r: AuditReport, *, per_group: bool = True) -> dict:
             "success_rule": r.success_rule,
             "from": r.dump.format,
             "invalid_penalty": _num(r.dump.invalid_penalty),
+            "row_identity": r.dump.row_identity,
         },
         "successes": r.successes,
         "failures": r.failures,
@@ -399,6 +405,18 @@ def _f(x: float, spec: str = ".3g") -> str:
     return "n/a" if x is None or not math.isfinite(x) else format(x, spec)
 
 
+NO_ROW_IDENTITY = (
+    "this dump has no row identity (a row_hash, row_id or input_ids column), so the audit cannot tell verl-agent's "
+    "padding copies from steps that repeat a state with the same reward and length, and counts none; dump row_id "
+    "as docs/audit.md#verl-agent-batches shows to weigh them"
+)
+
+
+def copies_unknown(r: AuditReport) -> bool:
+    """A verl-agent dump without a row identity: padding copies may be in it, and cannot be told apart."""
+    return r.dump.format == "verl-agent" and r.dump.row_identity is None
+
+
 def verdict(r: AuditReport) -> str:
     """One plain-language paragraph: expansion, mass by outcome, baseline shift, push, direction, warnings."""
     acc = r.accountings
@@ -468,7 +486,9 @@ def verdict(r: AuditReport) -> str:
     if r.padding_copies is not None and r.padding_copies.rows:
         pc = r.padding_copies
         parts.append(
-            f"{pc.rows} rows are padding copies of other rows (in {pc.trajectories} trajectories); they are trained on "
-            f"and carry {100 * pc.mass[BASELINE]:.1f}% of today's mass."
+            f"{pc.rows} rows are padding copies of other rows (in {pc.trajectories} trajectories, by their "
+            f"{r.dump.row_identity}); they are trained on and carry {100 * pc.mass[BASELINE]:.1f}% of today's mass."
         )
+    if copies_unknown(r):
+        parts.append(f"Padding copies: {NO_ROW_IDENTITY}.")
     return " ".join(parts)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oma.diagnostics.figures import AuditReport, verdict
+from oma.diagnostics.figures import AuditReport, copies_unknown, verdict
 
 
 # ------------------------------------------------------------------------------------------------
@@ -137,8 +137,13 @@ def _dump_rows(r: AuditReport) -> list[list[str]]:
     if r.padding_copies is not None:
         pc = r.padding_copies
         out.append([
-            "padding copies: rows / trajectories / share of today's mass",
+            f"padding copies (by {r.dump.row_identity}): rows / trajectories / share of today's mass",
             f"{pc.rows} / {pc.trajectories} / {fmt(pc.mass['row+native'], '%')}",
+        ])
+    elif copies_unknown(r):
+        out.append([
+            "padding copies",
+            "cannot tell: no row_hash, row_id or input_ids column (docs/audit.md#verl-agent-batches)",
         ])
     if r.dump.invalid_penalty is not None:
         n = "– (no is_action_valid column)" if r.dump.invalid_actions is None else str(r.dump.invalid_actions)

@@ -28,12 +28,14 @@ iteration), written by :func:`oma.batchfile.write_batch`. verl-agent's own dumps
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from oma.diagnostics.figures import DumpInfo
 
@@ -51,6 +53,9 @@ ROLES: tuple[str, ...] = (
 """Logical column names of the audit's input format."""
 
 REQUIRED: tuple[str, ...] = ("group_id", "traj_id", "score")
+
+ID_ROLES: tuple[str, ...] = ("group_id", "traj_id", "anchor")
+"""Roles whose values are ids: read exactly (never through float64), text dictionary-encoded."""
 
 # Names under which verl / verl-agent batches carry each role: used only to suggest a --col.
 _HINTS: dict[str, tuple[str, ...]] = {
@@ -156,8 +161,16 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-def read_table(path: str | os.PathLike, fmt: str | None = None, wanted: set[str] | None = None) -> pa.Table:
-    """The file as a pyarrow Table (Parquet: only the ``wanted`` source columns, if given)."""
+def read_table(
+    path: str | os.PathLike, fmt: str | None = None, wanted: Collection[str] | None = None, ids: Collection[str] = ()
+) -> tuple[pa.Table, list[str]]:
+    """The file's columns named in ``wanted`` (every column if None), those named in ``ids`` read as ids; and the
+    names of all its columns (for messages).
+
+    An id column of text comes back dictionary-encoded (an int32 per row instead of its text). A CSV id
+    column is read as text, never through float64 (:func:`_csv_ids`). A name that appears twice among
+    the columns read is refused; another column may repeat a name.
+    """
     path = Path(path)
     if not path.exists():
         raise AuditInputError(f"no such file: {path}")
@@ -166,23 +179,83 @@ def read_table(path: str | os.PathLike, fmt: str | None = None, wanted: set[str]
     fmt = detect_format(path, fmt)
     if path.stat().st_size == 0:
         raise AuditInputError(f"{path} is empty (0 bytes)")
+    readers = {"parquet": _read_parquet, "csv": _read_csv, "jsonl": _read_jsonl}
     try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            pf = pq.ParquetFile(path)  # (pq.read_table would import pyarrow.dataset: +0.4 s)
-            names = pf.schema_arrow.names
-            cols = None if wanted is None else [n for n in names if n in wanted]
-            return pf.read(columns=cols)
-        if fmt == "csv":
-            import pyarrow.csv as pcsv
-
-            return pcsv.read_csv(path)
-        import pyarrow.json as pjson
-
-        return pjson.read_json(path)
+        return readers[fmt](path, wanted, set(ids))
     except (pa.ArrowException, OSError) as err:
         raise AuditInputError(f"cannot read {path} as {fmt}: {_first_line(err)}") from None
+
+
+def unique_columns(names: list[str], wanted: Collection[str] | None, source: object) -> list[str]:
+    """The names in ``wanted`` (every name if None), in the file's order; one that appears twice is refused."""
+    counts = Counter(names)
+    picked = [n for n in counts if wanted is None or n in wanted]
+    for name in picked:
+        if counts[name] > 1:
+            raise AuditInputError(
+                f"column {name!r} appears {counts[name]} times in {source}; a column the audit reads needs a unique name"
+            )
+    return picked
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def _read_parquet(path: Path, wanted: Collection[str] | None, ids: set[str]) -> tuple[pa.Table, list[str]]:
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)  # (pq.read_table would import pyarrow.dataset: +0.4 s)
+    cols = unique_columns(schema.names, wanted, path)
+    text_ids = [n for n in cols if n in ids and _is_text(schema.field(n).type)]
+    return pq.ParquetFile(path, read_dictionary=text_ids).read(columns=cols), schema.names
+
+
+def _read_csv(path: Path, wanted: Collection[str] | None, ids: set[str]) -> tuple[pa.Table, list[str]]:
+    import pyarrow.csv as pcsv
+
+    with pcsv.open_csv(path) as head:  # the header (and the first block)
+        names = head.schema.names
+    cols = unique_columns(names, wanted, path)
+    text = pa.dictionary(pa.int32(), pa.string())
+    options = pcsv.ConvertOptions(include_columns=cols, column_types={n: text for n in cols if n in ids})
+    table = pcsv.read_csv(path, convert_options=options)
+    for i, name in enumerate(table.column_names):
+        if name in ids:
+            table = table.set_column(i, name, _csv_ids(table[name]))
+    return table, names
+
+
+def _csv_ids(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A CSV id column read as text, with int64 values when every id is an integer written plainly ("17", "-3";
+    not "007" or "1e3") within int64: the ints a CSV reader infers, without the float64 it infers beyond int64,
+    where 1e19 and 2e19 would become one id."""
+    col = col.unify_dictionaries()
+    if col.num_chunks == 0:
+        return col
+    text = col.chunk(0).dictionary
+    if not pc.all(pc.match_substring_regex(text, r"^(0|-?[1-9][0-9]*)$")).as_py():
+        return col
+    try:
+        values = text.cast(pa.int64())
+    except pa.ArrowInvalid:  # an integer beyond int64: it stays text
+        return col
+    return pa.chunked_array([pa.DictionaryArray.from_arrays(c.indices, values) for c in col.chunks])
+
+
+def _read_jsonl(path: Path, wanted: Collection[str] | None, ids: set[str]) -> tuple[pa.Table, list[str]]:
+    import pyarrow.json as pjson
+
+    # The whole file at once: a streaming reader would take every column's type from the first block and fail
+    # on a later 1.5 in a column of ints.
+    table = pjson.read_json(path)
+    names = table.column_names
+    cols = unique_columns(names, wanted, path)
+    table = table.select(cols)
+    for i, name in enumerate(cols):
+        if name in ids and _is_text(table.schema.field(i).type):
+            table = table.set_column(i, name, table[name].dictionary_encode())
+    return table, names
 
 
 def read_batch(
@@ -201,27 +274,31 @@ def read_batch(
     """
     mapping = {role: role for role in ROLES}
     mapping.update(columns or {})
-    table = read_table(path, fmt, set(mapping.values()))
-    return batch_from_table(table, columns, source=str(path))
+    table, names = read_table(path, fmt, set(mapping.values()), {mapping[role] for role in ID_ROLES})
+    return batch_from_table(table, columns, source=str(path), found=names)
 
 
 def batch_from_table(
-    table: pa.Table, columns: Mapping[str, str] | None = None, *, source: str = "<table>"
+    table: pa.Table, columns: Mapping[str, str] | None = None, *, source: str = "<table>", found: list[str] | None = None
 ) -> BatchColumns:
-    """Validate a pyarrow Table in the audit format (see module docstring) into :class:`BatchColumns`."""
+    """Validate a pyarrow Table in the audit format (see module docstring) into :class:`BatchColumns`.
+
+    ``found``: the columns of the file the table was read from, for messages (default: the table's)."""
     overrides = dict(columns or {})
     for role in overrides:
         if role not in ROLES:
             raise AuditInputError(f"unknown column role {role!r}; expected one of {', '.join(ROLES)}")
     names = list(table.column_names)
-    found = ", ".join(names) if names else "no columns"
+    unique_columns(names, {overrides.get(role, role) for role in ROLES}, source)
+    found_names = names if found is None else found
+    found_text = ", ".join(found_names) if found_names else "no columns"
     if table.num_rows == 0:  # before naming a missing column: a file of blank lines has no columns either
         raise AuditInputError(f"{source} has no rows")
     for role, src in overrides.items():
         if src == ROW_AS_TRAJ and role == "traj_id":
             continue
         if src not in names:
-            raise AuditInputError(f"--col {role}={src}: {source} has no column {src!r} (found: {found})")
+            raise AuditInputError(f"--col {role}={src}: {source} has no column {src!r} (found: {found_text})")
 
     def src_of(role: str) -> str | None:
         src = overrides.get(role, role)
@@ -229,12 +306,13 @@ def batch_from_table(
 
     for role in REQUIRED:
         if src_of(role) is None:
-            raise AuditInputError(f"missing column {role!r} in {source} (found: {found}){_hint(role, names)}")
+            raise AuditInputError(f"missing column {role!r} in {source} (found: {found_text}){_hint(role, found_names)}")
     tok_src, mask_src = src_of("response_tokens"), src_of("response_mask")
     if tok_src is None and mask_src is None:
-        hint = _hint("response_tokens", names)
+        hint = _hint("response_tokens", found_names)
         raise AuditInputError(
-            f"{source} needs a column 'response_tokens' (count) or 'response_mask' (list per row); found: {found}{hint}"
+            f"{source} needs a column 'response_tokens' (count) or 'response_mask' (list per row); found: {found_text}"
+            f"{hint}"
         )
     rows = table.num_rows
 
@@ -300,31 +378,62 @@ def _nowhere(row: int) -> str:
 
 def _nulls(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> None:
     if col.null_count:
-        first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        first = int(np.flatnonzero(_numpy(col.is_null()))[0])
         raise AuditInputError(
             f"column {what} has {col.null_count} null value(s), first at row {first} (0-based){where(first)}"
         )
 
 
 def _ids(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> tuple[np.ndarray, np.ndarray]:
-    """int64 codes (order of first appearance) and the original id of each code."""
+    """int64 codes 0..n-1 and the original id of each code (ints, or text)."""
     _nulls(col, what, where)
-    t = col.type
-    if pa.types.is_dictionary(t):
-        col = col.cast(t.value_type)
-        t = col.type
-    if pa.types.is_floating(t):
-        values = col.to_numpy()
-        if not np.all(np.isfinite(values)) or not np.all(values == np.round(values)):
-            raise AuditInputError(f"column {what} must hold integer or string ids, found non-integer {t} values")
-        col = pa.chunked_array([pa.array(values.astype(np.int64))])
-        t = col.type
-    if not (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)):
+    t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        raise AuditInputError(f"column {what} must hold integer or string ids, found {t} (text that is not UTF-8?)")
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or _is_text(t)):
         raise AuditInputError(f"column {what} must hold integer or string ids, found {t}")
-    enc = col.combine_chunks().dictionary_encode()
-    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    labels = enc.dictionary.to_numpy(zero_copy_only=False)
+    if pa.types.is_floating(t):
+        col = pa.chunked_array([_integral_ids(_numpy(col), what, where)])
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()  # one dictionary shared by every chunk
+    col = col.unify_dictionaries()
+    dictionary = col.chunk(0).dictionary if col.num_chunks else pa.array([], t)
+    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in col.chunks]).astype(np.int64, copy=False)
+    if _is_text(t):
+        try:
+            dictionary.validate(full=True)
+        except pa.ArrowInvalid:
+            raise AuditInputError(f"column {what} holds text that is not UTF-8") from None
+    labels = dictionary.to_numpy(zero_copy_only=False)
+    used = np.bincount(codes, minlength=len(labels)) > 0
+    if not used.all():  # a dictionary built elsewhere may hold ids no row has: codes stay 0..n-1
+        codes = (np.cumsum(used) - 1)[codes]
+        labels = labels[used]
     return codes, labels
+
+
+def _integral_ids(values: np.ndarray, what: str, where: Where) -> np.ndarray:
+    """Float ids as int64: whole numbers below 2^53, where float64 still tells every integer from the next."""
+    _refuse_first(~np.isfinite(values) | (values != np.round(values)), values, what, where,
+                  "must hold integer or string ids")
+    _refuse_first(np.abs(values) >= 2.0**53, values, what, where,
+                  "must hold float64 ids below 2^53 (beyond, one float64 stands for several integers, so distinct ids "
+                  "may have merged: write ids as strings, or as int64 in Parquet)")
+    return values.astype(np.int64)
+
+
+def _refuse_first(bad: np.ndarray, values: np.ndarray, what: str, where: Where, expected: str) -> None:
+    """Raise naming the column, the first bad value as given and its row, if ``bad`` holds any row."""
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise AuditInputError(
+            f"column {what} {expected}, found {label_of(values[first])!r} at row {first} (0-based){where(first)}"
+        )
+
+
+def _numpy(col: pa.ChunkedArray) -> np.ndarray:
+    """The column as one numpy array (``ChunkedArray.to_numpy`` imports pandas: +0.4 s)."""
+    return col.combine_chunks().to_numpy(zero_copy_only=False)
 
 
 def _floats(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
@@ -332,7 +441,7 @@ def _floats(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndar
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
         raise AuditInputError(f"column {what} must be numeric, found {t}")
     # CSV readers turn "nan" into null, so null, NaN and inf are one complaint
-    values = col.cast(pa.float64()).fill_null(np.nan).to_numpy()
+    values = _numpy(col.cast(pa.float64()).fill_null(np.nan))
     bad = ~np.isfinite(values)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
@@ -343,27 +452,22 @@ def _floats(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndar
 
 
 def _ints(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
-    values = _floats(col, what, where) if not pa.types.is_integer(col.type) else None
-    if values is None:
+    """int64 values: integers, or whole floats, within int64 (a cast would wrap 1e308 or 2^64 − 1 silently)."""
+    if pa.types.is_integer(col.type):
         _nulls(col, what, where)
-        return col.to_numpy().astype(np.int64, copy=False)
-    frac = values != np.round(values)
-    if frac.any():
-        first = int(np.flatnonzero(frac)[0])
-        raise AuditInputError(
-            f"column {what} must hold integers, found {values[first]} at row {first} (0-based){where(first)}"
-        )
+        values = _numpy(col)
+        if values.dtype == np.uint64:
+            _refuse_first(values > np.iinfo(np.int64).max, values, what, where, "must hold integers within int64")
+        return values.astype(np.int64, copy=False)
+    values = _floats(col, what, where)
+    _refuse_first(values != np.round(values), values, what, where, "must hold integers")
+    _refuse_first(np.abs(values) >= 2.0**63, values, what, where, "must hold integers within int64")
     return values.astype(np.int64)
 
 
 def _counts(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarray:
     values = _ints(col, what, where)
-    neg = values < 0
-    if neg.any():
-        first = int(np.flatnonzero(neg)[0])
-        raise AuditInputError(
-            f"column {what} must be ≥ 0 (a token count), found {values[first]} at row {first} (0-based){where(first)}"
-        )
+    _refuse_first(values < 0, values, what, where, "must be ≥ 0 (a token count)")
     return values
 
 
@@ -414,7 +518,7 @@ def _bools(col: pa.ChunkedArray, what: str, where: Where = _nowhere) -> np.ndarr
     """true/false, or numbers that are exactly 0 or 1 (a rate or a score is not a flag)."""
     _nulls(col, what, where)
     if pa.types.is_boolean(col.type):
-        return col.to_numpy(zero_copy_only=False).astype(bool)
+        return _numpy(col)
     values = _floats(col, what, where)
     bad = (values != 0) & (values != 1)
     if bad.any():
