@@ -63,6 +63,27 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def read_json_object(path: str | os.PathLike) -> dict:
+    """The JSON object a file holds (``config.json``, ``summary.json``, ``compare.json``, …).
+
+    FileNotFoundError when there is none; ValueError naming the file and what is wrong when it is cut short
+    or otherwise not JSON, not UTF-8, or holds a JSON value that is not an object.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        why = f"byte {e.start} is not UTF-8"
+    except json.JSONDecodeError as e:
+        why = f"{e.msg}: line {e.lineno}, column {e.colno}"
+    else:
+        if isinstance(value, dict):
+            return value
+        why = f"a JSON {type(value).__name__}, not an object"
+    raise ValueError(f"{path} is damaged ({why})")
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """The records of a JSON Lines file, one object per non-blank line, in order.
 

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides, machine_info, run_config, run_key,
-                                  run_state)
+from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides, machine_info, read_compare_json,
+                                  run_config, run_key, run_state, run_summary)
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run
@@ -130,14 +130,12 @@ def _base_record(base, horizon: int, out: Path, dump: bool) -> dict:
 
 
 def _load_previous(out: Path, record: dict) -> dict | None:
-    path = out / "compare.json"
-    if not path.is_file():
+    """The compare.json of an earlier invocation into ``out`` (None when there is none), refused when it is damaged
+    or made with another config."""
+    if not (out / "compare.json").exists():
         return None
-    try:
-        prev = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CompareError(f"{path} is not valid JSON ({e}); remove it or use another --out") from None
-    diff = config_diff(prev.get("config", {}), record, MAY_DIFFER)
+    prev = read_compare_json(out)
+    diff = config_diff(prev["config"], record, MAY_DIFFER)
     if diff:
         dump = " (give --no-dump exactly when its runs were trained with it)" if any(d.startswith("dump_batches") for d in diff) else ""
         raise CompareError(f"{out} holds a comparison of another config: it differs in {', '.join(diff)}{dump}; "
@@ -204,7 +202,7 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     for r in runs:
         entry = dict(prev_runs.get(r.key, {}))
         if "wall_time_total_s" not in entry and r.state == "done":
-            entry["wall_time_total_s"] = json.loads((r.run_dir / "summary.json").read_text()).get("wall_time_s")
+            entry["wall_time_total_s"] = run_summary(r.run_dir).get("wall_time_s")
         entry.update(variant=r.variant.name, seed=r.seed, run_dir=run_key(r.variant.name, r.seed),
                      status="reused" if r.state == "done" else "pending", wall_time_s=0.0)
         entry.setdefault("wall_time_total_s", 0.0)
@@ -244,11 +242,11 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
         console.print(f"oma compare: interrupted; rerun the same command to resume ({out / 'compare.json'})")
         return 130
 
-    from oma.experiments.report import ReportError, write_report
+    from oma.experiments.report import write_report
 
     try:
         path = write_report(out, console=console)
-    except ReportError as e:
+    except ValueError as e:  # a ReportError, or a run file the report cannot read (the message names it)
         console.print(f"oma compare: no report: {e}")
         failed = failed or ["(report)"]
     else:

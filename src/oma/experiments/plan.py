@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from oma.experiments.variants import Variant
-from oma.train import config_diff
+from oma.files import read_json_object
+from oma.train import ConfigError, config_diff
 
 MAY_DIFFER = ("iterations", "out_dir", "threads")
 """Config keys a saved run may differ in from the planned one (horizon, location, CPU threads)."""
@@ -32,6 +33,47 @@ def check_overrides(overrides: list[str], reserved: dict[str, str], error: type[
                 raise error(f"override {item!r}: {name} cannot be overridden here; {why}")
 
 
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, dict) for x in value)
+
+
+COMPARE_FIELDS: dict[str, tuple[bool, Any, str]] = {
+    "command": (True, lambda v: isinstance(v, str), "a string"),
+    "horizon": (True, lambda v: type(v) is int and v >= 1, "an integer >= 1"),
+    "seeds": (True, lambda v: isinstance(v, list) and all(type(s) is int and s >= 0 for s in v),
+              "a list of integers >= 0"),
+    "variants": (True, lambda v: _objects(v) and all(isinstance(x.get(k), str) for x in v
+                                                     for k in ("name", "algo.accounting", "algo.mass")),
+                 'a list of objects with string "name", "algo.accounting" and "algo.mass"'),
+    "config": (True, lambda v: isinstance(v, dict), "an object"),
+    "runs": (False, lambda v: isinstance(v, dict) and _objects(list(v.values())), "an object of run objects"),
+    "warm_starts": (False, lambda v: isinstance(v, dict), "an object"),
+    "history": (False, _objects, "a list of objects"),
+    "overrides": (False, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "metric": (False, lambda v: isinstance(v, str), "a string"),
+    "machine": (False, lambda v: isinstance(v, dict), "an object"),
+}
+"""The fields of compare.json that `oma compare` (on a rerun) and `oma report` read: name -> (required, check,
+what the check expects). Comparisons written before a field existed lack the optional ones."""
+
+
+def read_compare_json(folder: Path) -> dict:
+    """``folder/compare.json``, checked field by field (:data:`COMPARE_FIELDS`); CompareError naming the file and
+    the field, and what was expected, when it is damaged (not JSON, not an object) or a field is missing or wrong."""
+    path = folder / "compare.json"
+    try:
+        doc = read_json_object(path)
+    except ValueError as e:
+        raise CompareError(f"{e}; expected the compare.json `oma compare` writes") from None
+    for name, (required, ok, expected) in COMPARE_FIELDS.items():
+        if name not in doc:
+            if required:
+                raise CompareError(f"{path}: no {name!r}; expected {expected}, as `oma compare` writes it")
+        elif not ok(doc[name]):
+            found = json.dumps(doc[name])
+            raise CompareError(f"{path}: {name!r} must be {expected}, "
+                               f"found {found if len(found) <= 60 else found[:57] + '...'}")
+    return doc
 
 
 @dataclass
@@ -66,7 +108,7 @@ def study_runs(roots: list[Path]) -> tuple[dict[str, Path], dict[str, str]]:
     recorded: dict[str, str] = {}
     for root in roots:
         if (root / "compare.json").is_file():
-            doc = json.loads((root / "compare.json").read_text())
+            doc = read_compare_json(root)
             keys = list(doc["runs"])
             for field in ("command", "config_path"):
                 if doc.get(field) and field not in recorded:
@@ -95,26 +137,48 @@ def run_config(base, variant: Variant, seed: int, horizon: int, run_dir: Path, d
     return cfg
 
 
+def run_summary(run_dir: Path) -> dict | None:
+    """A run's ``summary.json``, None before the run finished; ValueError naming the file when it is damaged or
+    its ``iterations`` is not an integer."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary = read_json_object(path)
+    if type(summary.get("iterations")) is not int:
+        raise ValueError(f"{path}: 'iterations' must be an integer, found {json.dumps(summary.get('iterations'))}; "
+                         "expected the summary `oma train` writes")
+    return summary
+
+
 def run_state(run: Run) -> str:
     """Decide what to do with ``run``'s directory: ``done``, ``resume`` or ``fresh``.
 
     Raises CompareError when the directory holds a run of another config (only ``iterations``,
-    ``out_dir`` and ``threads`` may differ).
+    ``out_dir`` and ``threads`` may differ), or a ``config.json`` or ``summary.json`` that cannot be read: a
+    damaged file is named and left for the user to look at, never trained over (oma writes both atomically, so
+    damage came from elsewhere).
     """
-    from oma.train import to_dict
+    from oma.train import saved_config, to_dict
 
     d = run.run_dir
     if not d.is_dir():
         return "fresh"
     if (d / "config.json").is_file():
-        diff = config_diff(json.loads((d / "config.json").read_text()), to_dict(run.cfg), MAY_DIFFER)
+        try:
+            saved = saved_config(d)
+        except ConfigError as e:
+            raise CompareError(f"{e}; remove {d} to train that run again, or use another --out") from None
+        diff = config_diff(saved, to_dict(run.cfg), MAY_DIFFER)
         if diff:
             raise CompareError(
                 f"{d} holds a run of another config: it differs in {', '.join(diff)}; "
                 "use another --out or remove that directory"
             )
-    summary = d / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("iterations", 0) >= run.cfg.iterations:
+    try:
+        summary = run_summary(d)
+    except ValueError as e:
+        raise CompareError(f"{e}; remove it to resume that run from its last checkpoint, or use another --out") from None
+    if summary is not None and summary["iterations"] >= run.cfg.iterations:
         return "done"
     if (d / "checkpoints" / "latest").is_file():
         return "resume"

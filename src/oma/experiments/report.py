@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from oma.experiments.plan import read_compare_json
 from oma.experiments.stats import (
     ENDPOINT_EVALS,
     Estimate,
@@ -191,11 +192,15 @@ def load_run(run_dir: Path, variant: str, seed: int, horizon: int, metric: str =
              coupling_from: str = "audit") -> RunResult | str:
     """The run's figures at ``horizon`` on success ``metric``, its coupling from ``coupling_from``
     (:data:`COUPLING_SOURCES`), or a one-line reason why it cannot be used."""
-    from oma.train import read_metrics
+    from oma.train import read_metrics, saved_config
 
     if not (run_dir / "summary.json").is_file():
         return "not finished (no summary.json)"
     records = read_metrics(run_dir)
+    bad = next((n for n, r in enumerate(records, 1) if type(r.get("iteration")) is not int), None)
+    if bad is not None:
+        raise ReportError(f"{run_dir / 'metrics.jsonl'}: record {bad} has no integer iteration; expected the "
+                          "metrics `oma train` writes")
     key = METRICS[metric]
     evals = [(int(r["iteration"]), float(r[key])) for r in records if key in r]
     last = max((int(r["iteration"]) for r in records), default=0)
@@ -211,7 +216,7 @@ def load_run(run_dir: Path, variant: str, seed: int, horizon: int, metric: str =
     coupling, logged = metrics_coupling(records, horizon)
     audited = 0
     if coupling_from == "audit":
-        config = json.loads((run_dir / "config.json").read_text())
+        config = saved_config(run_dir)
         audit_name = VARIANTS[variant].audit_name if variant in VARIANTS else "row+native"
         trained = coupling["failure_mass_trained"]
         coupling, audited = run_coupling(run_dir, horizon, config, audit_name)
@@ -264,11 +269,10 @@ def analyse(out: Path, horizon: int | None = None, metric: str | None = None,
 
     ``metric`` (``greedy`` | ``sampled``; None = the one ``oma compare --metric`` recorded) picks the success curve,
     ``coupling`` (:func:`coupling_source`) where the coupling figures come from."""
-    path = out / "compare.json"
-    if not path.is_file():
+    if not (out / "compare.json").is_file():
         raise ReportError(f"{out} has no compare.json; is it an `oma compare` output directory?")
-    doc = json.loads(path.read_text())
-    h = int(horizon if horizon is not None else doc["horizon"])
+    doc = read_compare_json(out)
+    h = horizon if horizon is not None else doc["horizon"]
     if h < 1:
         raise ReportError(f"--horizon must be >= 1, got {h}")
     metric = metric or doc.get("metric", "greedy")
@@ -276,7 +280,7 @@ def analyse(out: Path, horizon: int | None = None, metric: str | None = None,
         raise ReportError(f"--metric {metric!r} is not valid; expected one of {list(METRICS)}")
     source = coupling_source(doc, coupling)
     variants = [v["name"] for v in doc["variants"]]
-    seeds = [int(s) for s in doc["seeds"]]
+    seeds = doc["seeds"]
     runs: dict[str, dict[int, RunResult]] = {v: {} for v in variants}
     missing: list[str] = []
     for v in variants:

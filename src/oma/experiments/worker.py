@@ -31,12 +31,12 @@ def _quiet_hf():
 def _sync_threads(run_dir: Path, threads: int) -> None:
     """Let a resumed run use this invocation's thread count (train() refuses a config that differs)."""
     from oma.files import atomic_write_text
+    from oma.train import saved_config
 
-    path = run_dir / "config.json"
-    saved = json.loads(path.read_text())
+    saved = saved_config(run_dir)
     if saved.get("threads") != threads:
         saved["threads"] = threads
-        atomic_write_text(path, json.dumps(saved, indent=2))
+        atomic_write_text(run_dir / "config.json", json.dumps(saved, indent=2))
 
 
 def execute_run(cfg, run_dir: str, resume: bool, threads: int | None) -> dict[str, Any]:

@@ -10,8 +10,8 @@ A run, as `oma train` makes it::
     records = read_metrics(Path(cfg.out_dir))  # metrics.jsonl (or metrics.jsonl.gz), one record per line
 
 * The config: :class:`TrainConfig`, :func:`load_config` (defaults ← YAML ← ``key=value``),
-  :func:`load_run_config` (a run folder's), :func:`validate`, :func:`to_dict`, :func:`config_diff`,
-  :class:`ConfigError`.
+  :func:`load_run_config` (a run folder's, validated; :func:`saved_config` as saved), :func:`validate`,
+  :func:`to_dict`, :func:`config_diff`, :class:`ConfigError`.
 * A run and its parts: :func:`train`, :func:`read_metrics`, :func:`make_env` (a config's environment
   factory), :func:`build_policy` (the warm start, cached by :func:`cache_key`), :func:`trainable_policy`
   (with LoRA when asked), :func:`cpu_info`, :func:`load_checkpoint` (:class:`CheckpointError`,
@@ -27,7 +27,8 @@ code outside this package imports these names from here.
 """
 
 from oma.train.checkpoint import EMA_FILE, CheckpointError, load_checkpoint
-from oma.train.config import ConfigError, TrainConfig, config_diff, load_config, load_run_config, to_dict, validate
+from oma.train.config import (ConfigError, TrainConfig, config_diff, load_config, load_run_config, saved_config, to_dict,
+                              validate)
 from oma.train.loop import (
     Batch,
     WeightAverage,
@@ -77,6 +78,7 @@ __all__ = [
     "read_metrics",
     "response_mask_of",
     "row_logprobs",
+    "saved_config",
     "task_seeds",
     "to_dict",
     "train",

@@ -20,6 +20,7 @@ from oma.agent.imitation import DEMO_SEED_OFFSET
 from oma.agent.kinds import policy_kind
 from oma.core import ACCOUNTINGS, MASSES, OBJECTIVES, REDUCERS, Accounting, Estimator, Mass, Objective, Reducer
 from oma.errors import ConfigError
+from oma.files import read_json_object
 
 TrainEstimator = Literal[Estimator, "gigpo"]
 """``oma.core.Estimator`` plus GiGPO (:func:`oma.core.gigpo_advantages`)."""
@@ -514,19 +515,10 @@ def saved_config(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run folder (no config.json)")
-    why = None
     try:
-        saved = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        why = f"byte {e.start} is not UTF-8"
-    except json.JSONDecodeError as e:
-        why = f"{e.msg}: line {e.lineno}, column {e.colno}"
-    else:
-        if not isinstance(saved, dict):
-            why = f"a JSON {type(saved).__name__}, not an object"
-    if why is not None:
-        raise ConfigError(f"{path} is damaged ({why}); it holds the config the run was trained with")
-    return saved
+        return read_json_object(path)
+    except ValueError as e:
+        raise ConfigError(f"{e}; it holds the config the run was trained with") from None
 
 
 def config_diff(saved: dict, now: dict, ignore: tuple[str, ...] = ()) -> list[str]:
