@@ -6,12 +6,14 @@ starts are ended by their own ids; every wait has a deadline; nothing asserts a 
 """
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from oma.cli import main as oma_main
+from oma.train import held
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = [str(ROOT / "configs" / "chain-tabular-grpo.yaml"), "env.eval_tasks=4", "env.tasks_per_iter=4", "eval_every=2"]
@@ -27,6 +29,36 @@ def _one_line_error(capsys, prefix: str) -> str:
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith(prefix), err
     return err
+
+
+# ---- item 3: compare writes only into its own folder -------------------------------------------------------
+
+
+def test_item3_compare_refuses_a_folder_it_did_not_make(tmp_path, capsys):
+    """#58 item 3: --out naming a non-empty folder without compare.json is refused in one line naming --out and
+    what was expected, and nothing in it is touched; an empty folder is used."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my own notes")
+    assert oma_main(_args(out, 2, "--variants", "baseline", "--seeds", "1")) == 2
+    err = _one_line_error(capsys, f"oma compare: error: --out {out}: ")
+    assert "no compare.json" in err and "expected a new or empty folder" in err
+    assert [p.name for p in out.iterdir()] == ["report.md"] and (out / "report.md").read_text() == "my own notes"
+
+    (out / "report.md").unlink()
+    assert oma_main(_args(out, 2, "--variants", "baseline", "--seeds", "1", "--no-dump")) == 0
+    assert (out / "compare.json").is_file() and (out / "report.md").is_file()
+
+
+def test_item3_a_folder_another_compare_holds_is_refused_naming_it(tmp_path, capsys):
+    """#58 item 3: one compare at a time in a folder: a second is refused in one line naming the holder."""
+    out = tmp_path / "c"
+    out.mkdir()
+    with held(out, "--out"):
+        assert oma_main(_args(out, 2, "--variants", "baseline", "--seeds", "1")) == 2
+    err = _one_line_error(capsys, "oma compare: error: --out: ")
+    assert f"{out} is in use by pid {os.getpid()} on " in err
+    assert not (out / "compare.json").exists()
 
 
 # ---- item 7: damaged files are one line naming them -------------------------------------------------------

@@ -5,6 +5,7 @@ for seeds 0..S−1 at a matched horizon H (docs/experiments.md#the-metrics) and 
 :mod:`oma.experiments.report`. Layout (docs/experiments.md)::
 
     DIR/compare.json               the command, config, machine, per-run status and wall time
+    DIR/.oma-run                   the lock of the compare writing into DIR (oma.train.held)
     DIR/<variant>/seed-<k>/        one `oma train` run directory each (dump_batches=true; false with --no-dump,
                                    and the report then reads each run's coupling from its metrics.jsonl)
     DIR/report.md, DIR/*.png       the report
@@ -17,7 +18,7 @@ Resumable: a run with ``summary.json`` covering H iterations is reused; a run di
 checkpoint is resumed (``train(..., resume=True)``, which also extends a shorter finished run to H);
 anything else is (re)started fresh. Warm starts are built first, each seed's once and with the runs' thread
 count, so parallel jobs (``--jobs N``, worker processes) never race on the cache and every run finds its
-seed's warm start cached.
+seed's warm start cached. DIR must be new, empty, or an earlier compare's (:func:`_check_out`).
 
 This module is the command; the plan (runs, their configs, reuse or resume) is
 :mod:`oma.experiments.plan`, one run :mod:`oma.experiments.worker`, the progress bars
@@ -42,7 +43,7 @@ from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run
-from oma.train import config_diff
+from oma.train import CLAIM, config_diff
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
 
@@ -129,9 +130,20 @@ def _base_record(base, horizon: int, out: Path, dump: bool) -> dict:
     return d
 
 
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` that compare did not make: compare writes only into a new folder, an empty one, or one
+    that holds its own compare.json (a folder holding nothing but the lock, :data:`oma.train.CLAIM`, is one a
+    compare locked and stopped in before its first write)."""
+    if out.exists() and not out.is_dir():
+        raise CompareError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and not (out / "compare.json").exists() and any(p.name != CLAIM for p in out.iterdir()):
+        raise CompareError(f"--out {out}: holds files but no compare.json; expected a new or empty folder, or one "
+                           "an earlier `oma compare` wrote (rerun into it to resume); give another --out")
+
+
 def _load_previous(out: Path, record: dict) -> dict | None:
     """The compare.json of an earlier invocation into ``out`` (None when there is none), refused when it is damaged
-    or made with another config."""
+    or made with another config. Read under ``out``'s lock: no other compare is writing it."""
     if not (out / "compare.json").exists():
         return None
     prev = read_compare_json(out)
@@ -148,7 +160,7 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     from rich.console import Console
 
     from oma.files import atomic_write_text
-    from oma.train import load_config, make_env
+    from oma.train import held, load_config, make_env
 
     console = console or Console()
     t_start = time.perf_counter()
@@ -159,8 +171,19 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
         raise CompareError(f"--horizon must be >= 1, got {horizon} (the config's iterations)")
     stem = Path(args.config).stem if args.config else "default"
     out = Path(args.out) if args.out else Path("runs") / f"compare-{stem}"
-    if out.exists() and not out.is_dir():
-        raise CompareError(f"--out {out}: exists and is not a directory")
+    _check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # one compare at a time in a folder (two would overwrite each other's compare.json); the OS releases the lock
+    # when this process dies, kill -9 included, so a rerun after a kill takes it over
+    with held(out, "--out"):
+        return _compare(args, argv, console, base, horizon, out, t_start)
+
+
+def _compare(args: argparse.Namespace, argv: list[str], console, base, horizon: int, out: Path,
+             t_start: float) -> int:
+    """:func:`compare` once it holds ``out``."""
+    from oma.files import atomic_write_text
+
     variants = variant_set(args.variants)
     seeds = list(range(args.seeds))
     jobs = args.jobs
@@ -173,7 +196,6 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     for r in runs:
         r.cfg = run_config(base, r.variant, r.seed, horizon, r.run_dir, dump=not args.no_dump)
         r.state = run_state(r)
-    out.mkdir(parents=True, exist_ok=True)
 
     prev_runs = (prev or {}).get("runs", {})
     doc: dict[str, Any] = {

@@ -15,7 +15,7 @@ A run, as `oma train` makes it::
 * A run and its parts: :func:`train`, :func:`read_metrics`, :func:`make_env` (a config's environment
   factory), :func:`build_policy` (the warm start, cached by :func:`cache_key`), :func:`trainable_policy`
   (with LoRA when asked), :func:`cpu_info`, :func:`load_checkpoint` (:class:`CheckpointError`,
-  :data:`EMA_FILE`).
+  :data:`EMA_FILE`), :func:`held` (the lock a process holds on the folder it writes into, on its :data:`CLAIM` file).
 * One iteration's phases in the loop's order, for scripts that time or probe them (benchmarks/):
   :func:`task_seeds`, :func:`training_rollout` (:func:`policy_rollout` on any seeds),
   :func:`episode_scores`, :func:`advantages`, :func:`response_mask_of`, :func:`per_token`,
@@ -29,6 +29,7 @@ code outside this package imports these names from here.
 from oma.train.checkpoint import EMA_FILE, CheckpointError, load_checkpoint
 from oma.train.config import (ConfigError, TrainConfig, config_diff, load_config, load_run_config, saved_config, to_dict,
                               validate)
+from oma.train.lock import CLAIM, held
 from oma.train.loop import (
     Batch,
     WeightAverage,
@@ -53,6 +54,7 @@ from oma.train.loop import (
 from oma.train.warmstart import build_policy, cache_key, cpu_info
 
 __all__ = [
+    "CLAIM",
     "EMA_FILE",
     "Batch",
     "CheckpointError",
@@ -68,6 +70,7 @@ __all__ = [
     "episode_scores",
     "evaluates",
     "forward_plan",
+    "held",
     "load_checkpoint",
     "load_config",
     "load_run_config",

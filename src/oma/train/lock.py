@@ -30,16 +30,17 @@ class RunFolderInUse(ConfigError):
 
 
 @contextmanager
-def held(run_dir: Path) -> Iterator[None]:
+def held(run_dir: Path, option: str = "out_dir") -> Iterator[None]:
     """``run_dir`` locked by this process for the block; :class:`RunFolderInUse` when another process (or
-    another block of this one: a flock belongs to one open file) holds it."""
+    another block of this one: a flock belongs to one open file) holds it, naming ``option``, the setting or
+    flag that gave the folder (``oma compare`` locks its ``--out`` the same way)."""
     fd = os.open(run_dir / CLAIM, os.O_RDWR | os.O_CREAT, 0o666)  # 0666 & ~umask, as open() would
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunFolderInUse(f"out_dir: {run_dir} is in use by {holder(run_dir)}; wait for it to end (or end "
-                                 "it), or give another out_dir") from None
+            raise RunFolderInUse(f"{option}: {run_dir} is in use by {holder(run_dir)}; wait for it to end (or end "
+                                 f"it), or give another {option}") from None
         os.ftruncate(fd, 0)
         since = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode(), 0)
