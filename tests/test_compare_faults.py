@@ -14,6 +14,7 @@ import pytest
 
 from oma.cli import main as oma_main
 from oma.train import held
+from permissions import mask, wrong_modes  # noqa: F401 (mask: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = [str(ROOT / "configs" / "chain-tabular-grpo.yaml"), "env.eval_tasks=4", "env.tasks_per_iter=4", "eval_every=2"]
@@ -158,3 +159,18 @@ def test_item7_report_names_the_run_file_it_cannot_read(finished, tmp_path, caps
         got = capsys.readouterr()
         printed = got.out.replace("\n", "")  # the console wraps long lines
         assert "Traceback" not in got.err and f"no report: {path}" in printed and says in printed
+
+
+# ---- item 10: the comparison's own files follow the umask --------------------------------------------------
+
+
+def test_item10_compare_outputs_follow_the_umask(tmp_path, mask):
+    """#58 item 10: compare.json, results.json, report.md, the PNGs, the lock and the runs get what a plain open or
+    mkdir gives (0644/0755 under umask 022, 0600/0700 under 077), also after a rerun rewrites them."""
+    out = tmp_path / "c"
+    args = _args(out, 2, "--variants", "baseline", "--seeds", "1", "--no-dump")
+    assert oma_main(args) == 0
+    assert {"compare.json", "results.json", "report.md", "success_curves.png", ".oma-run"} <= {p.name for p in out.iterdir()}
+    assert wrong_modes(out, mask) == []
+    assert oma_main(args) == 0
+    assert wrong_modes(out, mask) == []

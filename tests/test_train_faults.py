@@ -10,7 +10,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from oma.agent.kinds import policy_kind
 from oma.cli import main as oma_main
 from oma.train import make_env
 from oma.train.config import ConfigError, load_config
+from permissions import mask, wrong_modes  # noqa: F401 (mask: a fixture)
 
 FAST = ["policy.model=tabular", "env.name=chain", "env.options.length=2", "env.eval_tasks=4", "env.tasks_per_iter=2",
         "env.group_size=3", "optim.optimizer=normalized-sgd", "optim.lr=0.2", "tensorboard=false", "threads=1"]
@@ -474,30 +474,16 @@ def test_resume_config_mismatch_names_the_dotted_key(tmp_path, capsys):
 # ---- permissions -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=[0o022, 0o077], ids=["umask022", "umask077"])
-def mask(request):
-    """The process's umask for one test, set back after it."""
-    before = os.umask(request.param)
-    yield request.param
-    os.umask(before)
-
-
-def _wrong_modes(folder: Path, mask: int) -> list[str]:
-    """The paths under ``folder`` (itself included) whose permissions are not what the umask gives."""
-    return [f"{oct(stat.S_IMODE(p.stat().st_mode))} {p.relative_to(folder.parent)}" for p in [folder, *folder.rglob("*")]
-            if stat.S_IMODE(p.stat().st_mode) != (0o777 if p.is_dir() else 0o666) & ~mask]
-
-
 def test_a_run_folder_follows_the_umask_before_and_after_a_resume(tmp_path, mask):
     """#58 item 10: config.json, summary.json, checkpoints, latest, metrics.jsonl, samples.jsonl and
     .oma-run get 0644/0755 under umask 022 (0600/0700 under 077), also after a resume rewrites them."""
     run = tmp_path / "r"
     assert oma_main(["train", *FAST, "iterations=2", "checkpoint_every=1", f"out_dir={run}"]) == 0
-    assert _wrong_modes(run, mask) == []
+    assert wrong_modes(run, mask) == []
     assert oma_main(["train", *FAST, "iterations=3", "checkpoint_every=1", f"out_dir={run}", "--resume"]) == 0
     assert {p.name for p in run.iterdir()} >= {".oma-run", "config.json", "summary.json", "metrics.jsonl",
                                                 "samples.jsonl", "checkpoints"}
-    assert _wrong_modes(run, mask) == []
+    assert wrong_modes(run, mask) == []
 
 
 def test_the_warm_start_cache_follows_the_umask(tmp_path, mask):
@@ -505,7 +491,7 @@ def test_the_warm_start_cache_follows_the_umask(tmp_path, mask):
     cfg = load_config(None, WARM_LM)
     policy_kind(cfg).warm_start(cfg, make_env(cfg), lambda: tmp_path / "warm-start")
     assert (tmp_path / "warm-start" / "done.json").is_file()
-    assert _wrong_modes(tmp_path / "warm-start", mask) == []
+    assert wrong_modes(tmp_path / "warm-start", mask) == []
 
 
 # ---- the warm-start cache ------------------------------------------------------------------------------
