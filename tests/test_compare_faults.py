@@ -8,13 +8,20 @@ starts are ended by their own ids; every wait has a deadline; nothing asserts a 
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
+import oma.train
 from oma.cli import main as oma_main
+from oma.experiments import compare as compare_module
 from oma.train import held
 from permissions import mask, wrong_modes  # noqa: F401 (mask: a fixture)
+from run_records import records, without_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAIN = [str(ROOT / "configs" / "chain-tabular-grpo.yaml"), "env.eval_tasks=4", "env.tasks_per_iter=4", "eval_every=2"]
@@ -30,6 +37,106 @@ def _one_line_error(capsys, prefix: str) -> str:
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith(prefix), err
     return err
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie has: it holds no lock and runs nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def _kill_worker(pid: int) -> None:
+    """SIGKILL worker ``pid`` if it is still a multiprocessing worker (not a later process given its id)."""
+    try:
+        if b"multiprocessing" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+
+
+# ---- item 2: the workers die with their compare, and a rerun gives the uninterrupted result -----------------
+
+
+def test_item2_kill_9_of_compare_jobs_2_ends_its_workers_and_a_rerun_equals_an_uninterrupted_compare(tmp_path):
+    """#58 items 2 and 12: `kill -9` of `oma compare --jobs 2` while both runs train ends its two workers (the
+    OS kills them with their parent); the rerun takes over the locks the dead processes named, resumes the runs
+    from their checkpoints and gives metrics and results.json equal to an uninterrupted compare's, each
+    iteration once. The killed invocation stays in compare.json's history, marked killed, with the time it had
+    written."""
+    horizon, flags = 60, ("--variants", "2", "--seeds", "1", "--jobs", "2", "--no-dump")
+    reference = tmp_path / "reference"
+    assert oma_main(_args(reference, horizon, *flags)) == 0
+
+    out = tmp_path / "killed"
+    runs = [out / v / "seed-0" for v in ("row+native", "OA+MA")]
+    parent = subprocess.Popen([sys.executable, "-m", "oma.cli", *_args(out, horizon, *flags)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 180
+        while not all((r / "checkpoints" / "latest").is_file() for r in runs) and time.monotonic() < deadline:
+            assert parent.poll() is None, "the compare ended before it could be killed"
+            time.sleep(0.05)
+        workers = [int((r / ".oma-run").read_text().split()[1]) for r in runs]  # "pid N on host since ..."
+        assert parent.pid not in workers and len(set(workers)) == 2
+        recorded = json.loads((out / "compare.json").read_text())["history"][-1]
+        parent.kill()
+        parent.wait(timeout=60)
+        assert not all((r / "summary.json").is_file() for r in runs), "both runs had finished: nothing was killed"
+        deadline = time.monotonic() + 60
+        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in workers if not _gone(pid)] == [], "workers outlived their compare"
+    finally:
+        parent.kill()
+        parent.wait(timeout=60)
+        for pid in workers:
+            _kill_worker(pid)
+
+    assert oma_main(_args(out, horizon, *flags)) == 0
+    assert f"pid {os.getpid()} " in (out / ".oma-run").read_text()  # the dead compare's lock, taken over
+    for run in runs:
+        killed = records(run / "metrics.jsonl")
+        assert [r["iteration"] for r in killed] == list(range(horizon + 1))
+        assert without_timings(killed) == without_timings(records(reference / run.relative_to(out) / "metrics.jsonl"))
+    assert json.loads((out / "results.json").read_text()) == json.loads((reference / "results.json").read_text())
+
+    # item 12: the killed invocation's time is in the history, as its last write left it
+    history = json.loads((out / "compare.json").read_text())["history"]
+    assert [h["status"] for h in history] == ["killed", "finished"]
+    assert history[0]["wall_time_s"] >= recorded["wall_time_s"] > 0 and history[0]["started"] == recorded["started"]
+    assert sorted(history[1]["trained"]) == ["OA+MA/seed-0", "row+native/seed-0"]
+
+
+def test_item2_workers_are_killed_when_the_pool_is_left_by_ctrl_c():
+    """#58 item 2: Ctrl-C in compare (any exception leaving the pool) kills its workers at once, instead of
+    leaving them to finish their current run. In a child process, bounded by its timeout."""
+    script = """
+import os, sys, time
+from oma.experiments.worker import worker_pool
+try:
+    with worker_pool(1) as pool:
+        pid = pool.submit(os.getpid).result()
+        pool.submit(time.sleep, 600)
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    print(pid, os.path.exists(f"/proc/{pid}"))
+"""
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    pid, alive = got.stdout.split()
+    assert alive == "False", f"worker {pid} still runs"
+
+
+def test_item2_a_worker_without_prctl_watches_its_parent():
+    """#58 item 2: where the OS has no PR_SET_PDEATHSIG, a worker's thread kills it once its parent is no longer
+    the one that started it."""
+    code = "from oma.experiments.worker import _watch_parent; _watch_parent(-1)"  # -1: no process's parent
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert got.returncode == -signal.SIGKILL
 
 
 # ---- item 3: compare writes only into its own folder -------------------------------------------------------
@@ -174,3 +281,33 @@ def test_item10_compare_outputs_follow_the_umask(tmp_path, mask):
     assert wrong_modes(out, mask) == []
     assert oma_main(args) == 0
     assert wrong_modes(out, mask) == []
+
+
+# ---- item 12: a running compare keeps its time in compare.json -------------------------------------------
+
+
+def test_item12_a_running_compare_writes_its_time_so_far(tmp_path, monkeypatch):
+    """#58 item 12: while a run trains, with nothing else happening, the heartbeat rewrites compare.json with the
+    invocation's wall time so far (its history entry, marked running), so a kill loses at most one beat."""
+    monkeypatch.setattr(compare_module, "HEARTBEAT_S", 0.05)
+    out = tmp_path / "c"
+    beats = []
+    real_train = oma.train.train
+
+    def train_after_a_beat(cfg, run_dir, *, resume=False, console=None):
+        entry = json.loads((out / "compare.json").read_text())["history"][-1]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = json.loads((out / "compare.json").read_text())["history"][-1]
+            if now["wall_time_s"] > entry["wall_time_s"]:
+                beats.append((entry, now))
+                break
+            time.sleep(0.01)
+        return real_train(cfg, run_dir, resume=resume, console=console)
+
+    monkeypatch.setattr(oma.train, "train", train_after_a_beat)
+    assert oma_main(_args(out, 2, "--variants", "baseline", "--seeds", "1", "--no-dump")) == 0
+    assert beats, "compare.json was not rewritten while the run trained"
+    assert beats[0][1]["status"] == "running" and beats[0][1]["trained"] == []
+    last = json.loads((out / "compare.json").read_text())["history"]
+    assert len(last) == 1 and last[0]["status"] == "finished" and last[0]["wall_time_s"] > beats[0][1]["wall_time_s"]

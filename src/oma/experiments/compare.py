@@ -4,7 +4,7 @@ Runs the accountings of a config (row/trajectory × native/MA, :mod:`oma.experim
 for seeds 0..S−1 at a matched horizon H (docs/experiments.md#the-metrics) and writes the report of
 :mod:`oma.experiments.report`. Layout (docs/experiments.md)::
 
-    DIR/compare.json               the command, config, machine, per-run status and wall time
+    DIR/compare.json               the command, config, machine, per-run status and wall time, history
     DIR/.oma-run                   the lock of the compare writing into DIR (oma.train.held)
     DIR/<variant>/seed-<k>/        one `oma train` run directory each (dump_batches=true; false with --no-dump,
                                    and the report then reads each run's coupling from its metrics.jsonl)
@@ -18,7 +18,9 @@ Resumable: a run with ``summary.json`` covering H iterations is reused; a run di
 checkpoint is resumed (``train(..., resume=True)``, which also extends a shorter finished run to H);
 anything else is (re)started fresh. Warm starts are built first, each seed's once and with the runs' thread
 count, so parallel jobs (``--jobs N``, worker processes) never race on the cache and every run finds its
-seed's warm start cached. DIR must be new, empty, or an earlier compare's (:func:`_check_out`).
+seed's warm start cached. A compare killed (``kill -9`` included) takes its workers with it
+(:func:`oma.experiments.worker.worker_pool`), and its time stays in compare.json's history (:class:`_Journal`),
+so a rerun resumes where it stopped. DIR must be new, empty, or an earlier compare's (:func:`_check_out`).
 
 This module is the command; the plan (runs, their configs, reuse or resume) is
 :mod:`oma.experiments.plan`, one run :mod:`oma.experiments.worker`, the progress bars
@@ -28,21 +30,24 @@ This module is the command; the plan (runs, their configs, reuse or resume) is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
 import shlex
 import shutil
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides, machine_info, read_compare_json,
                                   run_config, run_key, run_state, run_summary)
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
-from oma.experiments.worker import build_warm_start, execute_run
+from oma.experiments.worker import build_warm_start, execute_run, worker_pool
 from oma.train import CLAIM, config_diff
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
@@ -143,7 +148,8 @@ def _check_out(out: Path) -> None:
 
 def _load_previous(out: Path, record: dict) -> dict | None:
     """The compare.json of an earlier invocation into ``out`` (None when there is none), refused when it is damaged
-    or made with another config. Read under ``out``'s lock: no other compare is writing it."""
+    or made with another config. Its invocations still marked running were killed (this one holds ``out``'s
+    lock, so none runs): they are marked so, their time being what their last heartbeat wrote."""
     if not (out / "compare.json").exists():
         return None
     prev = read_compare_json(out)
@@ -152,14 +158,60 @@ def _load_previous(out: Path, record: dict) -> dict | None:
         dump = " (give --no-dump exactly when its runs were trained with it)" if any(d.startswith("dump_batches") for d in diff) else ""
         raise CompareError(f"{out} holds a comparison of another config: it differs in {', '.join(diff)}{dump}; "
                            "use another --out")
+    for entry in prev.get("history", []):
+        if entry.get("status") == "running":
+            entry["status"] = "killed"
     return prev
+
+
+HEARTBEAT_S = 5.0
+"""How often a running compare rewrites compare.json with its wall time so far (see :class:`_Journal`)."""
+
+
+class _Journal:
+    """compare.json as this invocation keeps it. Each change is made in :meth:`edit` and written at once
+    (atomically), and a thread rewrites it every :data:`HEARTBEAT_S` seconds; every write sets this invocation's
+    wall time so far (``wall_time_s``, and its ``history`` entry's, the last), so a compare killed with ``kill -9``
+    leaves its time in the history, at most HEARTBEAT_S short."""
+
+    def __init__(self, path: Path, doc: dict, t_start: float) -> None:
+        self.path, self.doc, self.t_start = path, doc, t_start
+        self.lock = threading.Lock()  # the heartbeat thread reads doc while the main thread changes it
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+
+    @contextlib.contextmanager
+    def edit(self) -> Iterator[dict]:
+        from oma.files import atomic_write_text
+
+        with self.lock:
+            yield self.doc
+            self.doc["wall_time_s"] = self.doc["history"][-1]["wall_time_s"] = time.perf_counter() - self.t_start
+            atomic_write_text(self.path, json.dumps(self.doc, indent=2))
+
+    def _beat(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            try:
+                with self.edit():
+                    pass
+            except OSError:  # a full disk: the next beat tries again, and the main thread's own writes report it
+                pass
+
+    def __enter__(self) -> Self:
+        with self.edit():
+            pass
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     """Plan, run and report a comparison (see the module docstring). Returns the exit status."""
     from rich.console import Console
 
-    from oma.files import atomic_write_text
     from oma.train import held, load_config, make_env
 
     console = console or Console()
@@ -182,8 +234,6 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
 def _compare(args: argparse.Namespace, argv: list[str], console, base, horizon: int, out: Path,
              t_start: float) -> int:
     """:func:`compare` once it holds ``out``."""
-    from oma.files import atomic_write_text
-
     variants = variant_set(args.variants)
     seeds = list(range(args.seeds))
     jobs = args.jobs
@@ -198,9 +248,11 @@ def _compare(args: argparse.Namespace, argv: list[str], console, base, horizon: 
         r.state = run_state(r)
 
     prev_runs = (prev or {}).get("runs", {})
+    command = "oma compare " + shlex.join(argv)
+    started = _now()
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "command": "oma compare " + shlex.join(argv),
+        "command": command,
         "argv": list(argv),
         "cwd": os.getcwd(),
         "config_path": args.config,
@@ -214,12 +266,14 @@ def _compare(args: argparse.Namespace, argv: list[str], console, base, horizon: 
         "jobs": jobs,
         "config": record,
         "machine": machine_info(jobs, threads),
-        "started": _now(),
+        "started": started,
         "finished": None,
         "wall_time_s": None,
         "warm_starts": (prev or {}).get("warm_starts", {}),
         "runs": dict(prev_runs),
-        "history": (prev or {}).get("history", []),
+        # this invocation's entry is written now and kept up to date (_Journal): a kill leaves its time behind
+        "history": [*(prev or {}).get("history", []), {"command": command, "started": started, "wall_time_s": 0.0,
+                                                        "jobs": jobs, "status": "running", "trained": []}],
     }
     for r in runs:
         entry = dict(prev_runs.get(r.key, {}))
@@ -231,36 +285,30 @@ def _compare(args: argparse.Namespace, argv: list[str], console, base, horizon: 
         entry.pop("error", None)
         doc["runs"][r.key] = entry
 
-    def save() -> None:
-        atomic_write_text(out / "compare.json", json.dumps(doc, indent=2))
-
-    save()
     pending = [r for r in runs if r.state != "done"]
     n_resume = sum(r.state == "resume" for r in pending)
     console.print(f"oma compare: {len(variants)} variants x {len(seeds)} seeds, horizon {horizon}, into {out} "
                   f"({len(runs) - len(pending)} finished runs reused, {n_resume} to resume, "
                   f"{len(pending) - n_resume} to start; jobs {jobs}, {threads} threads each)")
     failed: list[str] = []
-    interrupted = False
-    try:
-        with _Display(console, len(runs), len(runs) - len(pending), horizon) as display:
-            _warm_starts(pending, doc, save, display, jobs, threads)
-            if jobs == 1:
-                for r in pending:
-                    _run_sequential(r, display, doc, save, failed, console)
-            else:
-                _run_parallel(pending, jobs, threads, display, doc, save, failed, console)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        wall = time.perf_counter() - t_start
-        doc["finished"] = _now()
-        doc["wall_time_s"] = wall
-        trained = [r.key for r in pending if doc["runs"][r.key]["status"] in ("trained", "resumed")]
-        doc["history"].append({"command": doc["command"], "started": doc["started"], "wall_time_s": wall,
-                               "jobs": jobs, "interrupted": interrupted, "trained": trained})
-        save()
-    if interrupted:
+    status = "failed"  # what an exception other than Ctrl-C leaves in the history
+    with _Journal(out / "compare.json", doc, t_start) as journal:
+        try:
+            with _Display(console, len(runs), len(runs) - len(pending), horizon) as display:
+                _warm_starts(pending, journal, display, jobs, threads)
+                if jobs == 1:
+                    for r in pending:
+                        _run_sequential(r, display, journal, failed, console)
+                else:
+                    _run_parallel(pending, jobs, threads, display, journal, failed, console)
+            status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+        finally:
+            with journal.edit() as d:
+                d["finished"] = _now()
+                d["history"][-1]["status"] = status
+    if status == "interrupted":
         console.print(f"oma compare: interrupted; rerun the same command to resume ({out / 'compare.json'})")
         return 130
 
@@ -280,7 +328,7 @@ def _compare(args: argparse.Namespace, argv: list[str], console, base, horizon: 
     return 0
 
 
-def _warm_starts(pending: list[Run], doc: dict, save, display: _Display, jobs: int, threads: int) -> None:
+def _warm_starts(pending: list[Run], journal: _Journal, display: _Display, jobs: int, threads: int) -> None:
     """Build (or load) each pending seed's warm start once, before any run starts, with the runs' torch thread
     count (the warm-start cache key names it): one seed after another in this process with ``--jobs 1``,
     else ``jobs`` seeds at a time in worker processes. Different seeds never share a cache entry, so the
@@ -290,8 +338,8 @@ def _warm_starts(pending: list[Run], doc: dict, save, display: _Display, jobs: i
         first.setdefault(r.seed, r.cfg)
 
     def record(seed: int, built: dict) -> None:
-        doc["warm_starts"][f"seed-{seed}"] = built
-        save()
+        with journal.edit() as doc:
+            doc["warm_starts"][f"seed-{seed}"] = built
 
     if jobs == 1:
         for seed, cfg in sorted(first.items()):
@@ -302,12 +350,10 @@ def _warm_starts(pending: list[Run], doc: dict, save, display: _Display, jobs: i
                 display.progress.remove_task(task)
             record(seed, built)
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
 
     tasks = {seed: display.progress.add_task(f"warm start seed {seed}", total=None) for seed in sorted(first)}
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    with worker_pool(jobs) as pool:
         futures = {pool.submit(build_warm_start, first[seed], threads): seed for seed in sorted(first)}
         for fut in as_completed(futures):
             seed = futures[fut]
@@ -322,22 +368,23 @@ def _prepare_dir(r: Run) -> bool:
     return r.state == "resume"
 
 
-def _done(r: Run, doc: dict, save, result: dict | None, error: BaseException | None, failed: list[str],
+def _done(r: Run, journal: _Journal, result: dict | None, error: BaseException | None, failed: list[str],
           console) -> None:
-    entry = doc["runs"][r.key]
-    if error is None:
-        entry.update(status="resumed" if r.state == "resume" else "trained", wall_time_s=result["wall_time_s"],
-                     iterations=result["iterations"])
-        entry["wall_time_total_s"] = float(entry.get("wall_time_total_s") or 0.0) + result["wall_time_s"]
-    else:
-        msg = " ".join(str(error).split()) or type(error).__name__
-        entry.update(status="failed", error=f"{type(error).__name__}: {msg}")
-        failed.append(r.key)
-        console.print(f"[red]run {r.key} failed[/red]: {entry['error']}")
-    save()
+    with journal.edit() as doc:
+        entry = doc["runs"][r.key]
+        if error is None:
+            entry.update(status="resumed" if r.state == "resume" else "trained", wall_time_s=result["wall_time_s"],
+                         iterations=result["iterations"])
+            entry["wall_time_total_s"] = float(entry.get("wall_time_total_s") or 0.0) + result["wall_time_s"]
+            doc["history"][-1]["trained"].append(r.key)
+        else:
+            msg = " ".join(str(error).split()) or type(error).__name__
+            entry.update(status="failed", error=f"{type(error).__name__}: {msg}")
+            failed.append(r.key)
+            console.print(f"[red]run {r.key} failed[/red]: {entry['error']}")
 
 
-def _run_sequential(r: Run, display: _Display, doc: dict, save, failed: list[str], console) -> None:
+def _run_sequential(r: Run, display: _Display, journal: _Journal, failed: list[str], console) -> None:
     resume = _prepare_dir(r)
     display.start(r.key, r.run_dir)
     try:
@@ -345,23 +392,20 @@ def _run_sequential(r: Run, display: _Display, doc: dict, save, failed: list[str
     except KeyboardInterrupt:
         raise
     except Exception as e:  # noqa: BLE001 — one failed run must not stop the others
-        _done(r, doc, save, None, e, failed, console)
+        _done(r, journal, None, e, failed, console)
     else:
-        _done(r, doc, save, result, None, failed, console)
+        _done(r, journal, result, None, failed, console)
     finally:
         display.finish(r.key)
 
 
-def _run_parallel(pending: list[Run], jobs: int, threads: int, display: _Display, doc: dict, save,
+def _run_parallel(pending: list[Run], jobs: int, threads: int, display: _Display, journal: _Journal,
                   failed: list[str], console) -> None:
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     queue = list(pending)
     running: dict[Any, Run] = {}
-    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
-    try:
+    with worker_pool(jobs) as pool:
         while queue or running:
             while queue and len(running) < jobs:
                 r = queue.pop(0)
@@ -374,14 +418,10 @@ def _run_parallel(pending: list[Run], jobs: int, threads: int, display: _Display
                 try:
                     result = fut.result()
                 except Exception as e:  # noqa: BLE001 — one failed run must not stop the others
-                    _done(r, doc, save, None, e, failed, console)
+                    _done(r, journal, None, e, failed, console)
                 else:
-                    _done(r, doc, save, result, None, failed, console)
+                    _done(r, journal, result, None, failed, console)
                 display.finish(r.key)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
 
 
 def main(argv: list[str]) -> int:

@@ -1,14 +1,66 @@
 """One run of `oma compare`, trained (or resumed) into its folder with its output in ``train.log``; also
-the worker of ``--jobs N`` (module-level, picklable arguments)."""
+the worker of ``--jobs N`` (module-level, picklable arguments), and the pool of worker processes that die
+with the compare that started them."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
+import multiprocessing
+import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+PR_SET_PDEATHSIG = 1
+"""Linux's prctl option: the signal the kernel sends a process when the thread that started it ends."""
+
+
+def _watch_parent(parent: int) -> None:
+    """Kill this process once ``parent`` is no longer its parent (it died, and the OS gave this one to another)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Initializer of every worker: the worker is killed when ``parent``, the compare that started it, dies, by
+    ``kill -9`` too, so no orphan trains on into a run folder a rerun needs (its lock would refuse the rerun).
+    On Linux the kernel sends SIGKILL (PR_SET_PDEATHSIG: the pool starts its workers from the compare's main
+    thread, which lives as long as the compare); elsewhere a thread watches the parent pid."""
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None:  # not Linux
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+        return
+    if prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the parent died before prctl: no signal will come
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def worker_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """``jobs`` worker processes for the block, each dying with this process (:func:`_die_with_parent`). Left by
+    an exception (Ctrl-C), the block kills the workers before it re-raises: shut down, a pool would still wait
+    for each worker's current run to end. Their runs keep their last checkpoint (checkpoints are written to a
+    temporary name and renamed), so a rerun resumes them."""
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding torch threads
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_die_with_parent,
+                               initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        for worker in set(multiprocessing.active_children()) - before:
+            worker.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 @contextlib.contextmanager
