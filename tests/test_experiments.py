@@ -431,7 +431,7 @@ def test_report_says_when_nothing_is_significant(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--variants", "3x3"], "--variants '3x3' is not valid; expected one of ['2x2', '2', 'baseline']"),
+    (["--variants", "3x3"], "--variants '3x3' is not valid; expected one of ['2x2', '2', '3', 'baseline']"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--horizon", "0"], "--horizon must be >= 1"),
     (["--jobs", "0"], "--jobs must be >= 1"),

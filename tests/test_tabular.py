@@ -273,6 +273,24 @@ def test_tabular_compare_two_seeds_two_iterations_writes_every_section(tmp_path)
     assert json.loads((rd / "config.json").read_text())["policy"]["model"] == "tabular"
 
 
+def test_tabular_compare_variants_3_adds_ma_alone_and_changes_no_other_run(tmp_path):
+    """``--variants 3`` runs row+native, row+MA and OA+MA; the two it shares with ``--variants 2`` train the same."""
+    base = ["compare", "configs/chain-tabular-grpo.yaml", "env.eval_tasks=8", "eval_every=1", "--seeds", "2",
+            "--horizon", "2", "--metric", "sampled", "--no-dump"]
+    assert oma_main([*base, "--variants", "3", "--out", str(tmp_path / "three")]) == 0
+    assert oma_main([*base, "--variants", "2", "--out", str(tmp_path / "two")]) == 0
+    three = json.loads((tmp_path / "three" / "results.json").read_text())
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert sorted(three["variants"]) == ["OA+MA", "row+MA", "row+native"]
+    assert three["variants"]["row+MA"]["paired_seeds"] == [0, 1]
+    cfg = json.loads((tmp_path / "three" / "row+MA" / "seed-1" / "config.json").read_text())["algo"]
+    assert (cfg["accounting"], cfg["mass"]) == ("row", "uniform")
+    ends = {(r["variant"], r["seed"]): r["endpoint"] for r in three["runs"]}
+    for r in two["runs"]:
+        assert ends[(r["variant"], r["seed"])] == r["endpoint"], (r["variant"], r["seed"])
+    assert "row+MA" in (tmp_path / "three" / "report.md").read_text()
+
+
 def test_coupling_map_smoke_and_bad_arguments(tmp_path, capsys):
     from oma.experiments.coupling_map import SETTING_NAMES
 

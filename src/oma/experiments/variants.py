@@ -39,10 +39,12 @@ VARIANTS: dict[str, Variant] = {
 VARIANT_SETS: dict[str, tuple[str, ...]] = {
     "2x2": ("row+native", "row+MA", "OA+native", "OA+MA"),
     "2": ("row+native", "OA+MA"),
+    "3": ("row+native", "row+MA", "OA+MA"),
     "baseline": ("row+native",),
 }
-"""``--variants`` values: the full 2×2, the baseline against full OMA for quick runs, or the baseline alone (a
-pilot of a setting's coupling and room to learn, before any comparison is run)."""
+"""``--variants`` values: the full 2×2; the baseline against full OMA for quick runs; the baseline, MA alone and full
+OMA (what MA contributes to OMA's effect, for a third less than the 2×2 where runs are costly); or the baseline alone
+(a pilot of a setting's coupling and room to learn, before any comparison is run)."""
 
 
 def variant_set(name: str) -> tuple[Variant, ...]:
