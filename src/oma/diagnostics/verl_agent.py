@@ -26,6 +26,7 @@ from oma.diagnostics.tables import (
     in_trajectory,
     label_of,
     read_table,
+    release_arrow_memory,
     unique_columns,
 )
 
@@ -64,10 +65,13 @@ def read_verl_agent(
     """
     names = {**VERL_AGENT_COLUMNS, **(columns or {})}
     table, found = read_table(path, fmt, {*names.values(), *EXTRA_COLUMNS}, {names[r] for r in ID_ROLES if r in names})
-    return verl_agent_from_table(
+    batch = verl_agent_from_table(
         table, columns, invalid_penalty=invalid_penalty, success_threshold=success_threshold, source=str(path),
         found=found,
     )
+    del table
+    release_arrow_memory()
+    return batch
 
 
 def verl_agent_from_table(
@@ -143,7 +147,7 @@ def verl_agent_from_table(
         scores=scores,
         won=won,
         success_rule=rule,
-        padding_copy=None if identity is None else padding_copies(table[identity], b.traj_index, f"'{identity}'", where),
+        padding_copy=None if identity is None else padding_copies(table[identity], b.traj_index, repr(identity), where),
         dump=DumpInfo(
             format="verl-agent",
             invalid_penalty=float(invalid_penalty),
@@ -177,15 +181,18 @@ def padding_copies(identity: pa.ChunkedArray, traj_index: np.ndarray, what: str,
     so a hash collision can cost time but never a false copy.
     """
     _nulls(identity, what, where)
-    digest = np.concatenate([_digests(chunk, what) for chunk in identity.chunks])
-    key = _mix(digest ^ _mix(traj_index.astype(np.uint64) + np.uint64(1)))
+    key = np.concatenate([_digests(chunk, what) for chunk in identity.chunks])
+    key ^= _mix(traj_index.astype(np.uint64) + np.uint64(1))
     order = np.argsort(key)
-    same = key[order][1:] == key[order][:-1]
-    paired = np.zeros(key.shape[0], dtype=bool)
+    key = key[order]
+    same = key[1:] == key[:-1]
+    del key
+    paired = np.zeros(order.shape[0], dtype=bool)
     paired[order[1:][same]] = True
     paired[order[:-1][same]] = True
+    del order
     candidates = np.flatnonzero(paired)  # ascending: the first of equal rows is the original
-    copy = np.zeros(key.shape[0], dtype=bool)
+    copy = np.zeros(paired.shape[0], dtype=bool)
     if candidates.size:
         exact = _byte_values(identity.take(pa.array(candidates)).combine_chunks()).dictionary_encode()
         code = exact.indices.to_numpy(zero_copy_only=False).astype(np.int64)
