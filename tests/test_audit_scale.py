@@ -77,6 +77,7 @@ def test_slices_change_no_count(monkeypatch):
     whole = (_mask_counts(col, "'m'")[0], padding_copies(hashes, traj, "'row_hash'"))
     monkeypatch.setattr(tables, "_MASK_SLICE", 7)
     monkeypatch.setattr(verl_agent, "_SLICE_BYTES", 5)
+    monkeypatch.setattr(verl_agent, "_SLICE_ROWS", 7)
     sliced = (_mask_counts(col, "'m'")[0], padding_copies(hashes, traj, "'row_hash'"))
     assert whole[0].tolist() == sliced[0].tolist() == [sum(x) for x in lists]
     assert whole[1].tolist() == sliced[1].tolist() and whole[1].any()
