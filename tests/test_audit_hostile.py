@@ -9,10 +9,10 @@ import os
 import stat
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from audit_cli import audit_json, fails
 
 from oma.cli import main as oma_main
 from oma.diagnostics import audit, batch_from_table, read_batch
@@ -31,22 +31,6 @@ def jsonl(rows: list[dict]) -> str:
 
 
 GOOD = [{"group_id": 0, "traj_id": t, "score": float(t % 2), "response_tokens": 3} for t in range(4)]
-
-
-def audit_json(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / "out.json"
-    assert oma_main(["audit", *args, "--json", str(out), "--quiet"]) == 0
-    return json.loads(out.read_text())
-
-
-def fails(tmp_path: Path, capsys, *args: str) -> str:
-    """Exit status 2, one line on stderr without a traceback, and no output file."""
-    out = tmp_path / "never.json"
-    assert oma_main(["audit", *args, "--json", str(out), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("oma audit: error: ") and "Traceback" not in err, err
-    assert not out.exists() and not list(tmp_path.glob(".never.json*"))
-    return err.strip()
 
 
 # ---- #58 item 8: options -------------------------------------------------------------------------
@@ -194,9 +178,8 @@ def test_values_whose_squares_overflow(tmp_path, capsys, column, args):
 def test_text_ids_that_are_not_utf8(tmp_path, capsys):
     """#58 item 7: a JSONL id in Latin-1 was an ArrowException traceback; it is one line naming the column."""
     path = tmp_path / "latin1.jsonl"
-    path.write_bytes(b"".join(
-        json.dumps(dict(r, traj_id=f"t{r['traj_id']}")).replace('"t0"', '"t\\u00e9"').encode().replace(b"\\u00e9", b"\xe9")
-        + b"\n" for r in GOOD))
+    text = jsonl([dict(r, traj_id=f"t{r['traj_id']}") for r in GOOD]).replace('"t0"', '"t-latin1"')
+    path.write_bytes(text.encode().replace(b"-latin1", b"\xe9"))  # "té" in Latin-1: not UTF-8
     assert "column 'traj_id' holds text that is not UTF-8" in fails(tmp_path, capsys, str(path))
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from audit_cli import audit_json
 
 from oma.cli import main as oma_main
 from oma.diagnostics import AuditInputError, batch_from_table, read_batch
@@ -15,12 +16,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "audit"
 WORKED = FIXTURES / "worked_example.jsonl"
 VERL = FIXTURES / "verl_agent_worked_example.jsonl"
 REMAP = ["--col", "group_id=uid", "--col", "traj_id=traj_uid", "--col", "score=episode_rewards"]
-
-
-def audit_json(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / "out.json"
-    assert oma_main(["audit", *args, "--json", str(out), "--quiet"]) == 0
-    return json.loads(out.read_text())
 
 
 def test_verl_agent_dump_reads_with_remapping(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import verl_agent_sim as sim
+from audit_cli import audit_json, fails
 
 from oma.cli import main as oma_main
 from oma.diagnostics.tables import AuditInputError
@@ -18,22 +19,6 @@ from oma.diagnostics import verl_agent
 from oma.diagnostics.verl_agent import _digests, padding_copies, verl_agent_from_table
 
 SEEDS = (0, 1, 2)
-
-
-def run(tmp_path: Path, *args: str) -> dict:
-    out = tmp_path / "audit.json"
-    assert oma_main(["audit", *args, "--json", str(out), "--quiet"]) == 0
-    return json.loads(out.read_text())
-
-
-def fails(tmp_path: Path, capsys, *args: str) -> str:
-    """Exit status 2, one line on stderr, and no output file."""
-    out = tmp_path / "never.json"
-    assert oma_main(["audit", *args, "--json", str(out), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("oma audit: error: "), err
-    assert not out.exists() and not list(tmp_path.glob(".never.json*"))
-    return err
 
 
 def dump(tmp_path: Path, batch: dict, name: str = "dump.parquet", **kw) -> str:
@@ -85,7 +70,7 @@ def test_row_native_equals_verl_agent(seed, estimator, std):
 def test_cli_equals_python_and_reference(tmp_path):
     batch = sim.simulate(3)
     ref = sim.figures(batch, sim.gigpo(batch))
-    doc = run(tmp_path, dump(tmp_path, batch), "--from", "verl-agent", "--estimator", "gigpo")
+    doc = audit_json(tmp_path, dump(tmp_path, batch), "--from", "verl-agent", "--estimator", "gigpo")
     assert doc["net_push"]["row+native"] == pytest.approx(ref["net_push"], rel=1e-9, abs=1e-12)
     assert doc["mass_share_success"]["row+native"] == pytest.approx(ref["mass_share_success"], rel=1e-9)
     assert doc["settings"]["from"] == "verl-agent" and doc["settings"]["invalid_penalty"] == 0.1
@@ -101,8 +86,8 @@ def test_cli_equals_python_and_reference(tmp_path):
 
 def test_jsonl_dump_reads_the_same(tmp_path):
     batch = sim.simulate(4)
-    a = run(tmp_path, dump(tmp_path, batch), "--from", "verl-agent", "--estimator", "gigpo")
-    b = run(tmp_path, dump(tmp_path, batch, "dump.jsonl"), "--from", "verl-agent", "--estimator", "gigpo")
+    a = audit_json(tmp_path, dump(tmp_path, batch), "--from", "verl-agent", "--estimator", "gigpo")
+    b = audit_json(tmp_path, dump(tmp_path, batch, "dump.jsonl"), "--from", "verl-agent", "--estimator", "gigpo")
     assert {k: v for k, v in a.items() if k != "source"} == {k: v for k, v in b.items() if k != "source"}
 
 
@@ -183,12 +168,12 @@ def test_copies_only_from_a_row_identity(tmp_path, capsys):
                "step_rewards"]
     assert look_alikes(batch, columns) > batch["copies_added"] > 0  # what the old rule counted, and the truth
     args = ("--from", "verl-agent", "--estimator", "gigpo")
-    exact = run(tmp_path, dump(tmp_path, batch), *args)
+    exact = audit_json(tmp_path, dump(tmp_path, batch), *args)
     assert exact["padding_copies"]["rows"] == batch["copies_added"]
     assert exact["padding_copies"]["trajectories"] == len(set(batch["traj_uid"][batch["is_copy"]]))
     assert exact["settings"]["row_identity"] == "row_hash"
     path = dump(tmp_path, batch, "no_hash.parquet", drop=("score", "is_copy", "copies_added", "row_id", "row_hash"))
-    blind = run(tmp_path, path, *args)
+    blind = audit_json(tmp_path, path, *args)
     assert blind["padding_copies"] is None and blind["settings"]["row_identity"] is None
     assert "cannot tell verl-agent's padding copies" in blind["verdict"]
     assert "docs/audit.md#verl-agent-batches" in blind["verdict"] and "rows are padding copies" not in blind["verdict"]
@@ -207,7 +192,7 @@ def test_token_ids_are_a_row_identity(tmp_path, shape):
     batch["input_ids"] = [[int(r) % 97, int(r) // 97, 151643, *([7] * (width(int(r)) - 3))] for r in batch["row_id"]]
     drop = ("score", "is_copy", "copies_added", "row_id", "row_hash")
     for name in ("ids.parquet", "ids.jsonl"):
-        doc = run(tmp_path, dump(tmp_path, batch, name, drop=drop), "--from", "verl-agent")
+        doc = audit_json(tmp_path, dump(tmp_path, batch, name, drop=drop), "--from", "verl-agent")
         assert doc["padding_copies"]["rows"] == batch["copies_added"], name
         assert doc["settings"]["row_identity"] == "input_ids"
 
@@ -216,7 +201,7 @@ def test_the_rows_numbering_is_a_row_identity(tmp_path):
     """#58 item 9: row_id, the numbering OMA's verl-agent patch gives the rows before adjust_batch (a copy carries its
     original's), tells copies apart as row_hash does."""
     batch = look_alike_batch(9)
-    doc = run(tmp_path, dump(tmp_path, batch, drop=("score", "is_copy", "copies_added", "row_hash")), "--from",
+    doc = audit_json(tmp_path, dump(tmp_path, batch, drop=("score", "is_copy", "copies_added", "row_hash")), "--from",
               "verl-agent")
     assert doc["padding_copies"]["rows"] == batch["copies_added"] and doc["settings"]["row_identity"] == "row_id"
 
@@ -246,7 +231,8 @@ def test_a_rows_hash_is_its_value_alone():
     assert padding_copies(col, np.zeros(5, dtype=np.int64), "'row_hash'").tolist() == [False] * 3 + [True, False]
 
 
-@pytest.mark.parametrize("value,needle", [(None, "1 null value(s)"), ({"a": 1}, "must hold strings, integers or lists")])
+@pytest.mark.parametrize("value,needle", [(None, "1 null value(s)"),
+                                          ({"a": 1}, "must hold strings, integers or lists")])
 def test_bad_row_identity(tmp_path, capsys, value, needle):
     """#58 item 9: a row identity that is missing on a row, or of a kind that cannot be compared, is one line."""
     batch = sim.simulate(0)
@@ -268,8 +254,8 @@ def test_without_penalty_equals_the_generic_reader(tmp_path):
     """--from verl-agent --invalid-penalty 0 is the generic reader with the columns mapped and γ = 0."""
     batch = sim.simulate(5, coef=0.0)
     path = dump(tmp_path, batch)
-    a = run(tmp_path, path, "--from", "verl-agent", "--invalid-penalty", "0", "--estimator", "gigpo", "--std")
-    b = run(tmp_path, path, "--col", "group_id=uid", "--col", "traj_id=traj_uid", "--col", "score=episode_rewards",
+    a = audit_json(tmp_path, path, "--from", "verl-agent", "--invalid-penalty", "0", "--estimator", "gigpo", "--std")
+    b = audit_json(tmp_path, path, "--col", "group_id=uid", "--col", "traj_id=traj_uid", "--col", "score=episode_rewards",
             "--col", "anchor=anchor_obs", "--col", "step_reward=step_rewards", "--estimator", "gigpo", "--gamma", "0")
     skip = {"settings", "padding_copies", "invalid_actions", "verdict"}
     assert {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
@@ -303,7 +289,7 @@ def test_missing_is_action_valid_names_the_fix(tmp_path, capsys):
     path = dump(tmp_path, batch, drop=("score", "is_copy", "copies_added", "is_action_valid"))
     err = fails(tmp_path, capsys, path, "--from", "verl-agent")
     assert "'is_action_valid'" in err and "--invalid-penalty 0" in err
-    assert run(tmp_path, path, "--from", "verl-agent", "--invalid-penalty", "0")["invalid_actions"] is None
+    assert audit_json(tmp_path, path, "--from", "verl-agent", "--invalid-penalty", "0")["invalid_actions"] is None
 
 
 @pytest.mark.parametrize("column", ["uid", "traj_uid", "episode_rewards"])

@@ -23,6 +23,7 @@ Notation (per accounting a = outcome accounting + mass rule):
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -141,31 +142,36 @@ def audit(
         success, rule = R_tau > 0, "score > 0"
     duplicated = _duplicated_rows(step_index, structure, rows, traj_labels, must_be_unique=estimator == "gigpo")
 
-    # ---- advantages and masses (oma.core) ----------------------------------------------------
-    adv: dict[str, Tensor] = {}
-    for acc in ("row", "trajectory"):
-        if estimator == "gigpo":
-            adv[acc] = _gigpo(s, g, t, step_index, anchor, step_rewards, structure, acc, norm_by_std, gamma,
-                              step_advantage_w, eps)
-        else:
-            adv[acc] = outcome_advantages(s, g, t, accounting=acc, estimator=estimator, norm_by_std=norm_by_std,
-                                          eps=eps, structure=structure)
+    # ---- masses, advantages and figures per accounting (oma.core) ---------------------------
     omega = {
         key: _row_shares(n_tok, structure, reducer, rule_, length, loss_scale_factor)
         for key, rule_ in (("native", "native"), ("aligned", aligned_mass))
     }
-
-    # ---- figures per accounting --------------------------------------------------------------
     longest = _longest(K, M, T)
+    inv_n = torch.where(n_tok > 0, 1.0 / n_tok.clamp_min(1.0), torch.zeros_like(n_tok))
     figures: dict[str, AccountingFigures] = {}
-    coef: dict[str, Tensor] = {}
     group_mass: dict[str, Tensor] = {}
-    for name in ACCOUNTING_NAMES:
-        acc, rule_ = name.split("+")
-        figures[name], coef[name], group_mass[rule_] = _accounting_figures(
-            name, omega[rule_], adv[acc], stats[acc], structure, success, longest, K,
-            "native" if rule_ == "native" else aligned_mass,
-        )
+    split: dict[str, DirectionSplit] = {}
+    # One accounting's advantages and pushes at a time, and only the baseline's push kept for the direction
+    # split: at 10^7 rows each [R] float64 is 80 MB.
+    for acc in ("row", "trajectory"):
+        if estimator == "gigpo":
+            a = _gigpo(s, g, t, step_index, anchor, step_rewards, structure, acc, norm_by_std, gamma,
+                       step_advantage_w, eps)
+        else:
+            a = outcome_advantages(s, g, t, accounting=acc, estimator=estimator, norm_by_std=norm_by_std, eps=eps,
+                                   structure=structure)
+        for rule_ in ("native", "aligned"):
+            name = f"{acc}+{rule_}"
+            figures[name], q, group_mass[rule_] = _accounting_figures(
+                name, omega[rule_], a, stats[acc], structure, success, longest, K,
+                "native" if rule_ == "native" else aligned_mass,
+            )
+            if name == BASELINE:
+                base = q
+            else:
+                split[name] = _direction_split(base, q, inv_n, structure.row_group, G, BASELINE, name)
+        del a, q
     copies = None
     if padding_copy is not None:
         copy = _tensor("padding_copy", padding_copy, torch.bool)
@@ -176,14 +182,6 @@ def audit(
             trajectories=int(torch.unique(tinv[copy]).numel()),
             mass={name: float(omega[name.split("+")[1]][copy].sum()) for name in ACCOUNTING_NAMES},
         )
-
-    # ---- within-group direction vs between-group magnitude ----------------------------------
-    inv_n = torch.where(n_tok > 0, 1.0 / n_tok.clamp_min(1.0), torch.zeros_like(n_tok))
-    split = {
-        other: _direction_split(coef[BASELINE], coef[other], inv_n, structure.row_group, G, BASELINE, other)
-        for other in ACCOUNTING_NAMES
-        if other != BASELINE
-    }
 
     # ---- the report ----------------------------------------------------------------------------
     fail = ~success
@@ -397,7 +395,14 @@ def _check_finite(**settings: float | None) -> None:
 
 
 def _tensor(name: str, x, dtype: torch.dtype | None = None) -> Tensor:
-    t = x if isinstance(x, Tensor) else torch.as_tensor(np.array(x))  # a copy: inputs may be read-only
+    if isinstance(x, Tensor):
+        t = x
+    else:
+        a = np.ascontiguousarray(x)
+        # shared, not copied, even when read-only (a view of Arrow's memory): the audit never writes into its inputs
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            t = torch.from_numpy(a) if a.dtype.kind in "biuf" else torch.as_tensor(a)
     if t.dim() != 1:
         raise ValueError(f"{name} must be 1-D [R], got shape {tuple(t.shape)}")
     return t if dtype is None else t.to(dtype)

@@ -26,6 +26,7 @@ from oma.diagnostics.tables import (
     in_trajectory,
     label_of,
     read_table,
+    release_arrow_memory,
     unique_columns,
 )
 
@@ -64,10 +65,13 @@ def read_verl_agent(
     """
     names = {**VERL_AGENT_COLUMNS, **(columns or {})}
     table, found = read_table(path, fmt, {*names.values(), *EXTRA_COLUMNS}, {names[r] for r in ID_ROLES if r in names})
-    return verl_agent_from_table(
+    batch = verl_agent_from_table(
         table, columns, invalid_penalty=invalid_penalty, success_threshold=success_threshold, source=str(path),
         found=found,
     )
+    del table
+    release_arrow_memory()
+    return batch
 
 
 def verl_agent_from_table(
@@ -143,7 +147,7 @@ def verl_agent_from_table(
         scores=scores,
         won=won,
         success_rule=rule,
-        padding_copy=None if identity is None else padding_copies(table[identity], b.traj_index, f"'{identity}'", where),
+        padding_copy=None if identity is None else padding_copies(table[identity], b.traj_index, repr(identity), where),
         dump=DumpInfo(
             format="verl-agent",
             invalid_penalty=float(invalid_penalty),
@@ -177,17 +181,28 @@ def padding_copies(identity: pa.ChunkedArray, traj_index: np.ndarray, what: str,
     so a hash collision can cost time but never a false copy.
     """
     _nulls(identity, what, where)
-    digest = np.concatenate([_digests(chunk, what) for chunk in identity.chunks])
-    key = _mix(digest ^ _mix(traj_index.astype(np.uint64) + np.uint64(1)))
-    order = np.argsort(key)
-    same = key[order][1:] == key[order][:-1]
+    key = np.empty(len(identity), dtype=np.uint64)  # filled chunk by chunk: one [R] uint64 at a time
+    start = 0
+    for chunk in identity.chunks:
+        key[start : start + len(chunk)] = _digests(chunk, what)
+        start += len(chunk)
+    traj = traj_index.astype(np.uint64)
+    traj += np.uint64(1)
+    key ^= _mix(traj)
+    del traj
+    ordered = np.sort(key)
+    shared = np.unique(ordered[1:][ordered[1:] == ordered[:-1]])  # keys of two rows or more: few
+    del ordered
     paired = np.zeros(key.shape[0], dtype=bool)
-    paired[order[1:][same]] = True
-    paired[order[:-1][same]] = True
+    if shared.size:
+        for lo in range(0, key.shape[0], _SLICE_ROWS):  # a slice at a time: searchsorted's [R] int64 stays small
+            part = key[lo : lo + _SLICE_ROWS]
+            paired[lo : lo + _SLICE_ROWS] = shared[np.minimum(np.searchsorted(shared, part), shared.size - 1)] == part
+    del key
     candidates = np.flatnonzero(paired)  # ascending: the first of equal rows is the original
-    copy = np.zeros(key.shape[0], dtype=bool)
+    copy = np.zeros(paired.shape[0], dtype=bool)
     if candidates.size:
-        exact = _byte_values(identity.take(pa.array(candidates)).combine_chunks()).dictionary_encode()
+        exact = _byte_values(_rows(identity, candidates)).dictionary_encode()
         code = exact.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         pair = traj_index[candidates] * (int(code.max()) + 1) + code
         first = np.unique(pair, return_index=True)[1]
@@ -197,9 +212,23 @@ def padding_copies(identity: pa.ChunkedArray, traj_index: np.ndarray, what: str,
     return copy
 
 
+def _rows(col: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """The values of ascending ``rows``, taken chunk by chunk: ``ChunkedArray.take`` concatenates every chunk
+    first (at 10^7 rows of 40-character hashes, 440 MB for a few candidates)."""
+    ends = np.cumsum([len(chunk) for chunk in col.chunks])
+    cut = np.searchsorted(rows, ends)
+    parts = np.split(rows, cut[:-1])
+    return pa.concat_arrays([
+        chunk.take(pa.array(part - (end - len(chunk)))) for chunk, part, end in zip(col.chunks, parts, ends, strict=True)
+    ])
+
+
 _SLICE_BYTES = 1 << 21
 """Rows are hashed about 2 MB of values at a time: the temporaries (a few int64s per byte where widths vary) stay
 small whatever the batch."""
+
+_SLICE_ROWS = 1 << 20
+"""Rows whose hash is looked up among the shared hashes at a time."""
 
 
 def _digests(arr: pa.Array, what: str) -> np.ndarray:
@@ -250,8 +279,8 @@ _K1, _K2 = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, elementwise on uint64 (arithmetic mod 2^64)."""
-    x = x ^ (x >> np.uint64(30))
+    """splitmix64's finaliser, elementwise on uint64 (arithmetic mod 2^64), in place: ``x`` is a temporary."""
+    x ^= x >> np.uint64(30)
     x *= np.uint64(0xBF58476D1CE4E5B9)
     x ^= x >> np.uint64(27)
     x *= np.uint64(0x94D049BB133111EB)
