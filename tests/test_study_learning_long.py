@@ -140,8 +140,9 @@ def test_an_empty_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_a_comparison_names_its_own_preset(tmp_path: Path) -> None:
     _run(tmp_path / "cmp" / "OA+MA" / "seed-0", (0.2, 0.3), (0.3, 0.4))
-    doc = {"command": "oma compare configs/y.yaml --variants 2", "config_path": "configs/y.yaml",
-           "runs": {"OA+MA/seed-0": {}, "OA+MA/seed-1": {}}}  # seed 1 never ran: left out
+    doc = {"command": "oma compare configs/y.yaml --variants 2", "config_path": "configs/y.yaml", "horizon": 2,
+           "seeds": [0, 1], "variants": [{"name": "OA+MA", "algo.accounting": "trajectory", "algo.mass": "uniform"}],
+           "config": {}, "runs": {"OA+MA/seed-0": {}, "OA+MA/seed-1": {}}}  # seed 1 never ran: left out
     (tmp_path / "cmp" / "compare.json").write_text(json.dumps(doc))
     out = tmp_path / "report.md"
     assert _module().main([str(tmp_path / "cmp"), "--horizon", "2", "--out", str(out)]) == 0
