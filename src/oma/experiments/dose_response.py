@@ -36,6 +36,7 @@ from oma.experiments.plan import check_overrides
 from oma.experiments.stats import Estimate, holm, t_cdf, t_quantile
 from oma.experiments.sweep import (PRESET, chain, check_args, detectable, fmt, holm_across, parser, read_cell,
                                   run_cell)
+from oma.files import atomic_write_text, read_json_object
 
 PROG = "oma dose-response"
 
@@ -195,7 +196,7 @@ def predict(fit: Fit, ratio: float) -> Estimate:
 def load_fits(path: str | Path) -> dict[str, dict[str, dict[str, Fit]]]:
     """The fits of a ``dose_response.json``: ``fits[setting][component][metric]``, e.g.
     ``predict(load_fits("runs/dose/dose_response.json")["trap-grpo"]["OA+MA"]["endpoint"], 2.5)``."""
-    doc = json.loads(Path(path).read_text())
+    doc = read_json_object(path)
     return {setting: {c: {m: Fit.from_dict(f["fit"]) for m, f in ms.items()} for c, ms in cs.items()}
             for setting, cs in doc["fits"].items()}
 
@@ -398,7 +399,6 @@ def to_json(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[i
 def write(out: Path, caps: dict[str, list[int]], settings: list[str], predict_at: list[float], command: str,
           wall: float, args_line: str) -> None:
     """README.md, dose_response.json and dose_response.png of the finished cells under ``out``."""
-    from oma.files import atomic_write_text
 
     m = collect(out, caps, settings, predict_at)
     plot(m, out / "dose_response.png")
@@ -423,7 +423,6 @@ def pilot_table(rows: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
 def run_pilot(out: Path, caps: dict[str, list[int]], settings: list[str], flags: list[str], overrides: list[str],
               preset: str, command: str) -> int:
     """row+native alone on every cap of ``settings``, into ``out/pilot``; prints and writes the ratio per cap."""
-    from oma.files import atomic_write_text
 
     folder = out / "pilot"
     todo = [(s, cap) for s in settings for cap in caps[s.rsplit("-", 1)[0]]]

@@ -9,13 +9,13 @@ difference of all its cells (:func:`holm_across`).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from oma.experiments.stats import Estimate, holm, t_quantile
+from oma.files import read_json_object
 from oma.experiments.variants import BASELINE
 
 PRESET = "configs/chain-tabular-grpo.yaml"
@@ -79,8 +79,8 @@ def read_cell(folder: Path) -> dict[str, Any]:
     * ``paired[variant][label]``: its per-seed differences d_k = variant_k − row+native_k, seeds in order;
     * ``wall_time_s`` (every invocation of its compare), ``machine``, ``overrides``.
     """
-    res = json.loads((folder / "results.json").read_text())
-    doc = json.loads((folder / "compare.json").read_text())
+    res = read_json_object(folder / "results.json")
+    doc = read_json_object(folder / "compare.json")
     pv = res["variants"]
     runs = {(r["variant"], r["seed"]): r for r in res["runs"]}
     entry = {"ratio": estimate(pv[BASELINE]["coupling"]["expansion_ratio"]),
