@@ -129,6 +129,30 @@ def test_the_pilot_prints_the_ratio_per_cap(tmp_path, capsys):
     assert not (out / "README.md").exists()
 
 
+def test_an_eval_cap_of_its_own_holds_the_held_out_tasks_fixed(tmp_path, capsys):
+    """With --eval-cap only training episodes end at the cell's cap: the ratio is still the training cap over the
+    chain's length (by hand, for traps), held-out episodes end at the eval cap in every cell, and before any update
+    every cell evaluates the same held-out tasks the same way (invariance)."""
+    out = tmp_path / "dose"
+    argv = ["dose-response", "--pilot", "env.eval_tasks=8", "eval_every=1", "--settings", "trap-grpo", "--caps",
+            "trap=5,8", "--eval-cap", "6", "--pilot-seeds", "2", "--horizon", "2", "--out", str(out)]
+    assert oma_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| trap-grpo | 5 | 1.25 [1.25, 1.25] |" in printed and "| trap-grpo | 8 | 2.00 [2.00, 2.00] |" in printed
+    first = {}
+    for cap in (5, 8):
+        cell = out / "pilot" / f"trap-grpo-cap{cap}-eval6"
+        env = json.loads((cell / "compare.json").read_text())["config"]["env"]
+        assert (env["options"]["max_steps"], env["train_max_steps"], env["eval_max_steps"]) == (max(cap, 6), cap, 6)
+        for seed in (0, 1):
+            run = [json.loads(line) for line in (cell / "row+native" / f"seed-{seed}" / "metrics.jsonl").open()]
+            assert all(r["eval_steps"] <= 6 and r["eval_sampled_steps"] <= 6 for r in run)
+            assert all(r["rows_per_traj_failure"] == cap for r in run[1:] if r.get("rows_per_traj_failure"))
+            first.setdefault(seed, []).append({k: v for k, v in run[0].items() if k.startswith("eval_") and
+                                               not k.startswith("eval_time")})
+    assert all(a == b for a, b in first.values())
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--caps", "loop=8,12"], "--caps 'loop=8,12': expected KIND=N,N,... with KIND one of stay, reset, trap"),
     (["--caps", "stay=8,x"], "--caps 'stay=8,x': the caps must be integers"),
@@ -142,6 +166,8 @@ def test_the_pilot_prints_the_ratio_per_cap(tmp_path, capsys):
     (["--predict-at", "two"], "--predict-at 'two'"),
     (["--predict-at", "-1"], "ratios must be finite numbers > 0"),
     (["env.options.max_steps=9"], "--caps sets it per cell"),
+    (["env.eval_max_steps=9"], "--eval-cap sets it"),
+    (["--settings", "trap-grpo", "--eval-cap", "3"], "--eval-cap must be at least the longest chain swept (4), got 3"),
     (["algo.estimator=rloo"], "the setting sets it (--settings)"),
     (["--seeds", "many"], "--seeds"),
 ])

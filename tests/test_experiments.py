@@ -19,7 +19,8 @@ from oma.train import cache_key, load_config, task_seeds
 TINY = [
     "policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=400",
     "warm_start.episodes=3", "warm_start.epochs=1", "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2",
-    "env.options.max_steps=4", "eval_every=1", "checkpoint_every=1", "threads=1", "policy.max_new_tokens=6",
+    "env.train_max_steps=null", "env.options.max_steps=4", "eval_every=1", "checkpoint_every=1", "threads=1",
+    "policy.max_new_tokens=6",
     "tensorboard=false",
 ]
 SECTIONS = ["## Command", "## Setup", "## Results", "## Significance", "## Success curves", "## Endpoint and nAUC",

@@ -18,7 +18,8 @@ def test_the_gap_by_hand() -> None:
 
 
 def test_a_tiny_run_reports_each_phase_and_fp32_reads_its_own_rollout(tmp_path, monkeypatch) -> None:
-    tiny = ["env.tasks_per_iter=1", "env.group_size=2", "optim.num_minibatches=1", "env.options.max_steps=4",
+    tiny = ["env.tasks_per_iter=1", "env.group_size=2", "optim.num_minibatches=1", "env.train_max_steps=null",
+            "env.options.max_steps=4",
             "warm_start.episodes=2", "warm_start.epochs=1", "policy.hidden=16", "policy.layers=1", "policy.heads=2",
             "policy.vocab_size=300", f"warm_start.cache_dir={tmp_path / 'cache'}", "threads=1"]
     out = tmp_path / "bf16.md"

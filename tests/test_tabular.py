@@ -13,7 +13,8 @@ from oma.core import outcome_advantages, token_objective, token_weights, weighte
 from oma.train.config import ConfigError, load_config
 from oma.train.loop import Batch, minibatch_loss, per_token, response_mask_of, row_logprobs
 
-TAB = ["policy.model=tabular", "env.name=household", "env.options.max_steps=6", "env.eval_tasks=4",
+TAB = ["policy.model=tabular", "env.name=household", "env.train_max_steps=null", "env.options.max_steps=6",
+       "env.eval_tasks=4",
        "env.tasks_per_iter=2", "env.group_size=3", "optim.lr=0.1", "tensorboard=false", "threads=1"]
 
 

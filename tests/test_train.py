@@ -20,7 +20,7 @@ from oma.cli import main as oma_main
 from oma.core import anchor_ids, outcome_advantages, token_objective, token_weights, weighted_loss
 from oma.train.config import ConfigError, load_config
 from oma.train.loop import Batch, MetricsLog, batch_logprobs, minibatch_loss, response_mask_of, rollout_metrics, update
-from run_records import records, training_at_any_schedule, without_timings
+from run_records import records, training_at_any_schedule, training_only, without_timings
 from studies import preset
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -28,7 +28,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TINY = [
     "iterations=2", "policy.hidden=32", "policy.layers=1", "policy.heads=2", "policy.vocab_size=400",
     "warm_start.episodes=3", "warm_start.epochs=1", "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2",
-    "env.options.max_steps=4", "eval_every=1", "checkpoint_every=1", "threads=1", "policy.max_new_tokens=6",
+    "env.train_max_steps=null", "env.options.max_steps=4", "eval_every=1", "checkpoint_every=1", "threads=1",
+    "policy.max_new_tokens=6",
     "tensorboard=false",
 ]
 
@@ -175,6 +176,61 @@ def test_train_max_steps_caps_training_episodes_only(tmp_path):
     with pytest.raises(ConfigError, match=r"env.train_max_steps must be > 0 or null, got 0"):
         load_config(None, ["env.train_max_steps=0"])
     assert load_config(None, ["env.train_max_steps=null"]).env.train_max_steps is None
+
+
+CHAIN = ["iterations=2", "eval_every=1", "env.options.max_steps=12", "env.options.actions=4", "tensorboard=false"]
+"""The tabular lane on loops (`stay`: failures run to the cap), a few seconds a run."""
+
+
+def _chain_run(tmp_path, name: str, *overrides: str) -> list[dict]:
+    out = tmp_path / name
+    assert oma_main(["train", str(CONFIGS / "chain-tabular-grpo.yaml"), *CHAIN, *overrides, f"out_dir={out}"]) == 0
+    return without_timings(records(out / "metrics.jsonl"))
+
+
+def test_eval_max_steps_caps_held_out_episodes_only(tmp_path):
+    """By hand: held-out episodes end at ``env.eval_max_steps``. Equivalence: at the environment's own cap it is
+    the default (null), record for record. Invariance: it changes no training record, only the evaluations."""
+    default = _chain_run(tmp_path, "default")
+    short = _chain_run(tmp_path, "short", "env.eval_max_steps=7")
+    assert _chain_run(tmp_path, "at-cap", "env.eval_max_steps=12") == default
+    assert all(r["eval_steps"] <= 7 and r["eval_sampled_steps"] <= 7 for r in short)
+    assert max(r["eval_sampled_steps"] for r in default) > 7  # the cap had something to cut
+    # the same policies (training is unchanged, below), greedy: an episode won within 7 steps is won within 12
+    assert all(a["eval_success"] <= b["eval_success"] for a, b in zip(short, default))
+    # to float32 rounding: a logged sum (approx_kl_k1) can round differently once evaluation allocates otherwise
+    for a, b in zip(training_only(short), training_only(default), strict=True):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("key", ["env.train_max_steps", "env.eval_max_steps"])
+def test_a_step_cap_above_the_environments_is_refused(tmp_path, capsys, key):
+    """Above the environment's cap the cap would silently change nothing (a longer training cap was a no-op):
+    refused in one line naming the key and the environment's cap, before the run folder exists."""
+    out = tmp_path / "run"
+    rc = oma_main(["train", str(CONFIGS / "chain-tabular-grpo.yaml"), *CHAIN, f"{key}=13", f"out_dir={out}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and not out.exists()
+    assert len(err) == 1 and f"{key}: 13 is above chain's step cap of 12" in err[0]
+    with pytest.raises(ConfigError, match=rf"{key} must be > 0 or null, got 0"):
+        load_config(None, [f"{key}=0"])
+    assert load_config(None, ["env.eval_max_steps=9", "env.name=shop"]).env.eval_max_steps == 9  # one layer: set wins
+    assert load_config(CONFIGS / "household-gigpo-oma.yaml", ["env.eval_max_steps=9"]).env.eval_max_steps == 9
+    assert load_config(None).env.eval_max_steps is None
+
+
+def test_runs_saved_before_eval_max_steps_read_as_null(tmp_path):
+    """A config.json written before ``env.eval_max_steps`` existed reads as what the code did then (held-out
+    episodes to the environment's cap), so such a run resumes and compares as unchanged."""
+    from oma.train.config import config_diff, load_run_config, to_dict
+    now = to_dict(load_config(None))
+    saved = json.loads(json.dumps(now))
+    del saved["env"]["eval_max_steps"]
+    assert config_diff(saved, now) == []
+    assert config_diff(saved, to_dict(load_config(None, ["env.eval_max_steps=9"]))) == [
+        "env.eval_max_steps (saved None, now 9)"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert load_run_config(tmp_path).env.eval_max_steps is None
 
 
 def _captured_batch(monkeypatch, model, tok, seeds=(5,), group_size=2, max_steps=3, logp_shift=0.0):

@@ -81,7 +81,8 @@ METRICS = ("endpoint", "nAUC")
 
 RESERVED: dict[str, str] = {
     "env.options.max_steps": "--caps sets it per cell",
-    "env.train_max_steps": "each cell sets it to null: training episodes run to the cell's cap",
+    "env.train_max_steps": "each cell sets it: training episodes run to the cell's cap",
+    "env.eval_max_steps": "--eval-cap sets it",
     "env.options.on_wrong": "the kind sets it (--settings)",
     "env.options.length": "the kind sets it (--settings)",
     "env.options.actions": "the kind sets it (--settings)",
@@ -94,14 +95,21 @@ class DoseError(ValueError):
     """A bad argument; the message says which flag."""
 
 
-def cell_name(setting: str, cap: int) -> str:
-    return f"{setting}-cap{cap}"
+def cell_name(setting: str, cap: int, eval_cap: int | None = None) -> str:
+    return f"{setting}-cap{cap}" + (f"-eval{eval_cap}" if eval_cap is not None else "")
 
 
-def cell_overrides(setting: str, cap: int) -> list[str]:
-    """The overrides of one cell on top of the preset (the user's come after)."""
+def cell_overrides(setting: str, cap: int, eval_cap: int | None = None) -> list[str]:
+    """The overrides of one cell on top of the preset (the user's come after). Without ``eval_cap`` the cap is the
+    environment's and bounds training and held-out episodes alike. With it, held-out episodes end at ``eval_cap``
+    in every cell and only training episodes end at ``cap``: a longer cap then lengthens failures without also
+    giving held-out episodes more steps to recover in, which filled the loops' held-out success to its ceiling."""
     kind, estimator = setting.rsplit("-", 1)
-    return [*KINDS[kind].overrides, *ESTIMATORS[estimator], f"env.options.max_steps={cap}", "env.train_max_steps=null"]
+    chain = [*KINDS[kind].overrides, *ESTIMATORS[estimator]]
+    if eval_cap is None:
+        return [*chain, f"env.options.max_steps={cap}", "env.train_max_steps=null"]
+    return [*chain, f"env.options.max_steps={max(cap, eval_cap)}", f"env.train_max_steps={cap}",
+            f"env.eval_max_steps={eval_cap}"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,18 +213,20 @@ def load_fits(path: str | Path) -> dict[str, dict[str, dict[str, Fit]]]:
 # Collecting the cells and fitting
 
 
-def collect(out: Path, caps: dict[str, list[int]], settings: list[str], predict_at: list[float]) -> dict[str, Any]:
+def collect(out: Path, caps: dict[str, list[int]], settings: list[str], predict_at: list[float],
+            eval_cap: int | None = None) -> dict[str, Any]:
     """Every cell's figures (:func:`oma.experiments.sweep.read_cell`), Holm across every difference of the sweep, and
     per setting × component × metric the line through the per-seed differences of its cells, with Holm across the
     slopes."""
     cells = {}
     for setting in settings:
         for cap in caps[setting.rsplit("-", 1)[0]]:
-            entry = read_cell(out / cell_name(setting, cap))
+            name = cell_name(setting, cap, eval_cap)
+            entry = read_cell(out / name)
             if entry["ratio"] is None:
-                raise DoseError(f"cell {cell_name(setting, cap)}: no expansion ratio measured (no iteration with both a "
+                raise DoseError(f"cell {name}: no expansion ratio measured (no iteration with both a "
                                 "success and a failure); choose other --caps")
-            cells[cell_name(setting, cap)] = {**entry, "setting": setting, "cap": cap}
+            cells[name] = {**entry, "setting": setting, "cap": cap}
     family_size, survivors = holm_across(cells)
     fits: dict[str, dict[str, dict[str, dict[str, Any]]]] = {}
     for setting in settings:
@@ -263,7 +273,8 @@ MODEL = ("Δ_{c,k} = a + b · r_c + ε_{c,k}: the paired difference of seed k in
          "Outside the swept ratios a prediction extrapolates the line.")
 
 
-def render(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[int]], args_line: str) -> str:
+def render(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[int]], args_line: str,
+           eval_cap: int | None = None) -> str:
     cells, fits = m["cells"], m["fits"]
     first = next(iter(cells.values()))
     out = ["# Dose–response: OMA's effect against the expansion ratio", "",
@@ -271,8 +282,12 @@ def render(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[in
            "(docs/experiments.md#dose-response).", "", "## Command", "", "```", command, "```", "",
            "## Design", "",
            (f"Each cell is one `oma compare` of `{PRESET}` ({args_line}; its report is in its folder) with "
-            "`env.options.max_steps` = the cap, `env.train_max_steps=null` and the kind's chain; the cap bounds "
-            "training and held-out episodes alike. Ratio = failure rows / success rows per trajectory of the "
+            + ("`env.options.max_steps` = the cap, `env.train_max_steps=null` and the kind's chain; the cap bounds "
+               "training and held-out episodes alike." if eval_cap is None else
+               f"the kind's chain, training episodes ended at the cap (`env.train_max_steps`) and held-out episodes "
+               f"at {eval_cap} steps in every cell (`env.eval_max_steps={eval_cap}`, `env.options.max_steps` = the "
+               f"larger of the two): the cap lengthens training failures while the held-out tasks stay as hard.")
+            + " Ratio = failure rows / success rows per trajectory of the "
             "row+native runs' own rollouts (mean over iterations, then seeds, 95% CI)."), "",
            "| failures | `on_wrong` | a wrong action | chain | caps |", "|---|---|---|---|---|"]
     for kind in KINDS.values():
@@ -372,12 +387,13 @@ def plot(m: dict[str, Any], path: Path) -> None:
     save_png(fig, path)
 
 
-def to_json(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[int]]) -> dict[str, Any]:
+def to_json(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[int]],
+            eval_cap: int | None = None) -> dict[str, Any]:
     def est(e):
         return e.to_dict() if isinstance(e, Estimate) else None
 
     return {
-        "command": command, "wall_time_s": wall, "caps": caps, "family_size": m["family_size"],
+        "command": command, "wall_time_s": wall, "caps": caps, "eval_cap": eval_cap, "family_size": m["family_size"],
         "holm_significant": sorted("/".join(k) for k in m["holm"]),
         "model": MODEL,
         "predict": "Δ(r) = fit.intercept + fit.slope·r ± t_{0.975, fit.n − 2} · fit.s · √(1/fit.n + (r − fit.x_mean)² / "
@@ -397,14 +413,14 @@ def to_json(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[i
 
 
 def write(out: Path, caps: dict[str, list[int]], settings: list[str], predict_at: list[float], command: str,
-          wall: float, args_line: str) -> None:
+          wall: float, args_line: str, eval_cap: int | None = None) -> None:
     """README.md, dose_response.json and dose_response.png of the finished cells under ``out``."""
 
-    m = collect(out, caps, settings, predict_at)
+    m = collect(out, caps, settings, predict_at, eval_cap)
     plot(m, out / "dose_response.png")
-    doc = to_json(m, command, wall, caps)
+    doc = to_json(m, command, wall, caps, eval_cap)
     atomic_write_text(out / "dose_response.json", json.dumps(doc, indent=2, allow_nan=False))
-    atomic_write_text(out / "README.md", render(m, command, wall, caps, args_line))
+    atomic_write_text(out / "README.md", render(m, command, wall, caps, args_line, eval_cap))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -421,19 +437,19 @@ def pilot_table(rows: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
 
 
 def run_pilot(out: Path, caps: dict[str, list[int]], settings: list[str], flags: list[str], overrides: list[str],
-              preset: str, command: str) -> int:
+              preset: str, command: str, eval_cap: int | None = None) -> int:
     """row+native alone on every cap of ``settings``, into ``out/pilot``; prints and writes the ratio per cap."""
 
     folder = out / "pilot"
     todo = [(s, cap) for s in settings for cap in caps[s.rsplit("-", 1)[0]]]
     t0 = time.perf_counter()
     for i, (setting, cap) in enumerate(todo, 1):
-        name = cell_name(setting, cap)
-        rc = run_cell(PROG, f"pilot {i}/{len(todo)} {name}", preset, [*cell_overrides(setting, cap), *overrides], flags,
-                      folder / name)
+        name = cell_name(setting, cap, eval_cap)
+        rc = run_cell(PROG, f"pilot {i}/{len(todo)} {name}", preset,
+                      [*cell_overrides(setting, cap, eval_cap), *overrides], flags, folder / name)
         if rc != 0:
             return rc
-    rows = [(s, cap, read_cell(folder / cell_name(s, cap))) for s, cap in todo]
+    rows = [(s, cap, read_cell(folder / cell_name(s, cap, eval_cap))) for s, cap in todo]
     table = pilot_table(rows)
     wall = time.perf_counter() - t0
     page = ["# Dose–response pilot: the expansion ratio per cap", "", "```", command, "```", "",
@@ -472,6 +488,9 @@ def _parser():
     p.add_argument("--out", default="runs/dose-response", metavar="DIR", help="output (default runs/dose-response)")
     p.add_argument("--dump", action="store_true", help="keep every run's batches and audit them (default: --no-dump, "
                    "the coupling from each run's metrics)")
+    p.add_argument("--eval-cap", type=int, default=None, metavar="N", help="end held-out episodes at N steps in every "
+                   "cell (env.eval_max_steps), so that only training episodes end at the cell's cap (default: the cap "
+                   "bounds both)")
     p.add_argument("--pilot", action="store_true", help="run row+native alone on --pilot-seeds seeds per cap and print "
                    "the measured ratio per cap, to choose --caps before any comparison is run")
     p.add_argument("--pilot-seeds", type=int, default=4, metavar="K", help="seeds per cap of --pilot (default 4)")
@@ -519,6 +538,10 @@ def main(argv: list[str]) -> int:
         if any(not (math.isfinite(r) and r > 0) for r in predict_at):
             raise DoseError(f"--predict-at {args.predict_at!r}: ratios must be finite numbers > 0")
         caps = parse_caps(args.caps, settings, 1 if args.pilot else 2)
+        if args.eval_cap is not None:
+            short = max(KINDS[k].length for k in caps)
+            if args.eval_cap < short:
+                raise DoseError(f"--eval-cap must be at least the longest chain swept ({short}), got {args.eval_cap}")
         check_overrides(args.overrides, {**RESERVED, **COMPARE_RESERVED}, DoseError)
     except SystemExit as done:  # --help
         return int(done.code or 0) if isinstance(done.code, int) else 0
@@ -532,21 +555,21 @@ def main(argv: list[str]) -> int:
     if args.pilot:
         flags = ["--variants", "baseline", "--seeds", str(args.pilot_seeds), "--metric", "sampled", "--jobs",
                  str(args.jobs), *horizon, *dump]
-        return run_pilot(out, caps, settings, flags, args.overrides, args.preset, command)
+        return run_pilot(out, caps, settings, flags, args.overrides, args.preset, command, args.eval_cap)
     flags = ["--variants", "2x2", "--seeds", str(args.seeds), "--metric", "sampled", "--jobs", str(args.jobs), *horizon,
              *dump]
     todo = [(s, cap) for s in settings for cap in caps[s.rsplit("-", 1)[0]]]
     t0 = time.perf_counter()
     for i, (setting, cap) in enumerate(todo, 1):
-        name = cell_name(setting, cap)
-        rc = run_cell(PROG, f"cell {i}/{len(todo)} {name}", args.preset, [*cell_overrides(setting, cap), *args.overrides],
-                      flags, out / name)
+        name = cell_name(setting, cap, args.eval_cap)
+        rc = run_cell(PROG, f"cell {i}/{len(todo)} {name}", args.preset,
+                      [*cell_overrides(setting, cap, args.eval_cap), *args.overrides], flags, out / name)
         if rc != 0:
             return rc
     args_line = (f"2x2, {args.seeds} seeds, held-out sampled success, "
                  + ("batches dumped and audited" if args.dump else "`--no-dump`: coupling from each run's metrics"))
     try:
-        write(out, caps, settings, predict_at, command, time.perf_counter() - t0, args_line)
+        write(out, caps, settings, predict_at, command, time.perf_counter() - t0, args_line, args.eval_cap)
     except DoseError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

@@ -71,6 +71,12 @@ class EnvConfig:
     the default job's iterations 1.5x faster with the same gains per iteration
     (studies/default-job/journal.md#a-shorter-training-horizon). Like ``options`` it belongs to one environment: a
     layer that names another ``env.name`` starts from ``None`` (:func:`load_config`)."""
+    eval_max_steps: int | None = None
+    """Held-out episodes end after this many steps if the environment has not ended them (unwon unless the last
+    step won). ``None`` (default): the environment's cap. With it the training cap can be varied while the
+    held-out tasks stay as hard as before: raising ``env.options.max_steps`` alone would also give held-out
+    episodes more steps to recover in (docs/experiments.md#dose-response). Like ``train_max_steps`` it belongs to
+    one environment. Neither may exceed the environment's cap, which ends every episode first."""
 
 
 @dataclass
@@ -290,8 +296,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     _check_seed_ranges(cfg)
-    if cfg.env.train_max_steps is not None and not cfg.env.train_max_steps > 0:
-        raise ConfigError(f"env.train_max_steps must be > 0 or null, got {cfg.env.train_max_steps}")
+    for key, value in {"env.train_max_steps": cfg.env.train_max_steps,
+                       "env.eval_max_steps": cfg.env.eval_max_steps}.items():
+        if value is not None and not value > 0:
+            raise ConfigError(f"{key} must be > 0 or null, got {value}")
     if not 0.0 <= cfg.warm_start.noise <= 1.0:
         raise ConfigError(f"warm_start.noise must be in [0, 1], got {cfg.warm_start.noise}")
     if not 0.0 <= cfg.optim.ema < 1.0:
@@ -439,7 +447,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             if (replaces and OmegaConf.select(layer, "env.options") is not None) or other_env:
                 merged.env.options = {}
             if other_env:
-                merged.env.train_max_steps = None
+                merged.env.train_max_steps = merged.env.eval_max_steps = None
             merged = OmegaConf.merge(merged, layer)
         cfg = OmegaConf.to_object(merged)
     except ConfigKeyError as e:
@@ -496,7 +504,7 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-ADDED_KEYS: dict[str, Any] = {"optim.ema": 0.0}
+ADDED_KEYS: dict[str, Any] = {"optim.ema": 0.0, "env.eval_max_steps": None}
 """Keys added after runs were saved, each with the value that does what the code did before it existed;
 :func:`config_diff` reads a saved config without the key as having that value."""
 
@@ -506,7 +514,7 @@ def load_run_config(run_dir: str | Path) -> TrainConfig:
     :data:`ADDED_KEYS` missing from it reads as its value before it existed, not as today's default."""
     path = Path(run_dir) / "config.json"
     saved = _flat(saved_config(run_dir))
-    return load_config(path, [f"{k}={v}" for k, v in ADDED_KEYS.items() if k not in saved])
+    return load_config(path, [f"{k}={'null' if v is None else v}" for k, v in ADDED_KEYS.items() if k not in saved])
 
 
 def saved_config(run_dir: str | Path) -> dict[str, Any]:

@@ -68,11 +68,18 @@ def task_seeds(cfg: TrainConfig, iteration: int) -> list[int]:
 
 def make_env(cfg: TrainConfig) -> Callable[[], object]:
     """A factory of fresh environments of ``cfg`` (``env.name`` with ``env.options``); the options are
-    checked once, here (ConfigError naming ``env.options``)."""
+    checked once, here (ConfigError naming ``env.options``), and so are ``env.train_max_steps`` and
+    ``env.eval_max_steps`` against the environment's cap: above it they would silently change nothing."""
     try:
-        oma.envs.make(cfg.env.name, **cfg.env.options)
+        env = oma.envs.make(cfg.env.name, **cfg.env.options)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"env.options: {e}") from None
+    cap = getattr(env, "max_steps", None)  # oma's environments have one; TextEnv does not promise it
+    for key, value in {"env.train_max_steps": cfg.env.train_max_steps,
+                       "env.eval_max_steps": cfg.env.eval_max_steps}.items():
+        if cap is not None and value is not None and value > cap:
+            raise ConfigError(f"{key}: {value} is above {cfg.env.name}'s step cap of {cap}, which ends "
+                              f"every episode first; raise env.options.max_steps to at least {value}, or lower it")
     return lambda: oma.envs.make(cfg.env.name, **cfg.env.options)
 
 
@@ -409,7 +416,8 @@ def host_metrics(cfg: TrainConfig, batch: Batch, step: HostStep, options: HostOp
 
 
 def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> dict[str, float]:
-    """Success on the fixed held-out task set, one episode per task: greedy, then sampled.
+    """Success on the fixed held-out task set, one episode per task, each ended at ``env.eval_max_steps`` if the
+    environment has not ended it: greedy, then sampled.
 
     ``eval_success`` (greedy) is the success curve of docs/experiments.md#the-metrics. ``eval_sampled_success`` samples at
     ``policy.temperature`` from a generator seeded by the run seed and the iteration, so it is the
@@ -424,7 +432,7 @@ def evaluate(cfg: TrainConfig, make_env, model, tokenizer, iteration: int) -> di
     for name, temperature, generator in (("eval", 0.0, None),
                                          ("eval_sampled", cfg.policy.temperature, _generator(cfg.seed, iteration, "eval"))):
         ro = policy_rollout(cfg, make_env, model, tokenizer, seeds, group_size=1, temperature=temperature,
-                            generator=generator)
+                            generator=generator, max_steps=cfg.env.eval_max_steps)
         steps = sum(e.steps for e in ro.episodes)
         out.update({f"{name}_success": ro.success_rate,
                     f"{name}_outcome": sum(e.outcome for e in ro.episodes) / len(ro.episodes),
