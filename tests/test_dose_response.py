@@ -62,26 +62,33 @@ def test_the_line_refuses_what_gives_no_slope():
 
 
 SWEEP = ["env.eval_tasks=8", "eval_every=1", "--settings", "stay-grpo,trap-grpo", "--caps", "stay=12,18", "trap=5,8",
-         "--seeds", "2", "--horizon", "2", "--predict-at", "1.5"]
+         "--eval-cap", "stay=12", "--seeds", "2", "--horizon", "2", "--predict-at", "1.5"]
+"""Loops with a held-out cap of their own (12), traps with the cap bounding both."""
 
 
 def test_a_tiny_sweep_end_to_end_and_resumed(tmp_path, monkeypatch, capsys):
     out = tmp_path / "dose"
     assert oma_main(["dose-response", *SWEEP, "--out", str(out)]) == 0
-    cells = ["stay-grpo-cap12", "stay-grpo-cap18", "trap-grpo-cap5", "trap-grpo-cap8"]
+    cells = ["stay-grpo-cap12-eval12", "stay-grpo-cap18-eval12", "trap-grpo-cap5", "trap-grpo-cap8"]
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == cells
     for c in cells:
         doc = json.loads((out / c / "compare.json").read_text())
-        assert doc["config"]["dump_batches"] is False and doc["config"]["env"]["train_max_steps"] is None
-        assert doc["config"]["env"]["options"]["max_steps"] == int(c.rsplit("cap", 1)[1])
+        env, cap = doc["config"]["env"], int(c.split("-cap", 1)[1].split("-")[0])
+        assert doc["config"]["dump_batches"] is False
+        if c.startswith("stay"):  # training episodes end at the cap, held-out ones at 12
+            assert (env["options"]["max_steps"], env["train_max_steps"], env["eval_max_steps"]) == (max(cap, 12), cap, 12)
+        else:
+            assert (env["options"]["max_steps"], env["train_max_steps"], env["eval_max_steps"]) == (cap, None, None)
         assert [v["name"] for v in doc["variants"]] == ["row+native", "row+MA", "OA+native", "OA+MA"]
         assert not list((out / c).glob("*/seed-*/batches"))
     readme = (out / "README.md").read_text()
     for section in ("## Command", "## Design", "## The cells: endpoint", "## The cells: nAUC", "## The slopes",
                     "## Predicting from the fits", "## Machine and wall time"):
         assert section in readme, section
+    assert "| 12, 18 | 12 |" in readme and "| 5, 8 | the cap |" in readme  # each kind's held-out cap
     assert (out / "dose_response.png").read_bytes()[:4] == b"\x89PNG"
     doc = json.loads((out / "dose_response.json").read_text())
+    assert doc["eval_caps"] == {"stay": 12}
     # a trap's failures all run to the cap and its successes last the chain's length: ratio cap / 4, exactly
     assert doc["cells"]["trap-grpo-cap5"]["ratio"]["mean"] == 1.25 and doc["cells"]["trap-grpo-cap8"]["ratio"]["mean"] == 2.0
     assert doc["family_size"] <= 4 * 3 * 2 and doc["slope_family"] == 2 * 3 * 2
@@ -96,7 +103,8 @@ def test_a_tiny_sweep_end_to_end_and_resumed(tmp_path, monkeypatch, capsys):
                 x.append(ratio)
                 y.append(runs[("row+MA", k)]["endpoint"] - runs[("row+native", k)]["endpoint"])
         fit = doc["fits"][setting]["MA"]["endpoint"]
-        assert doc["cells"][f"{setting}-cap{12 if setting == 'stay-grpo' else 5}"]["per_seed"]["MA"]["endpoint"] == y[:2]
+        assert doc["cells"]["stay-grpo-cap12-eval12" if setting == "stay-grpo" else "trap-grpo-cap5"]["per_seed"]["MA"][
+            "endpoint"] == y[:2]
         slope, intercept = np.polyfit(x, y, 1)
         assert (fit["fit"]["slope"], fit["fit"]["intercept"]) == pytest.approx((slope, intercept), abs=1e-12)
         f = load_fits(out / "dose_response.json")[setting]["MA"]["endpoint"]
@@ -135,7 +143,7 @@ def test_an_eval_cap_of_its_own_holds_the_held_out_tasks_fixed(tmp_path, capsys)
     every cell evaluates the same held-out tasks the same way (invariance)."""
     out = tmp_path / "dose"
     argv = ["dose-response", "--pilot", "env.eval_tasks=8", "eval_every=1", "--settings", "trap-grpo", "--caps",
-            "trap=5,8", "--eval-cap", "6", "--pilot-seeds", "2", "--horizon", "2", "--out", str(out)]
+            "trap=5,8", "--eval-cap", "trap=6", "--pilot-seeds", "2", "--horizon", "2", "--out", str(out)]
     assert oma_main(argv) == 0
     printed = capsys.readouterr().out
     assert "| trap-grpo | 5 | 1.25 [1.25, 1.25] |" in printed and "| trap-grpo | 8 | 2.00 [2.00, 2.00] |" in printed
@@ -167,7 +175,10 @@ def test_an_eval_cap_of_its_own_holds_the_held_out_tasks_fixed(tmp_path, capsys)
     (["--predict-at", "-1"], "ratios must be finite numbers > 0"),
     (["env.options.max_steps=9"], "--caps sets it per cell"),
     (["env.eval_max_steps=9"], "--eval-cap sets it"),
-    (["--settings", "trap-grpo", "--eval-cap", "3"], "--eval-cap must be at least the longest chain swept (4), got 3"),
+    (["--settings", "trap-grpo", "--eval-cap", "trap=3"], "--eval-cap trap: 3 is below the chain's length 4"),
+    (["--settings", "trap-grpo", "--eval-cap", "stay=12"], "--eval-cap 'stay=12': expected KIND=N with KIND one of the "
+                                                            "kinds swept (trap)"),
+    (["--eval-cap", "stay=x"], "--eval-cap 'stay=x': the cap must be an integer"),
     (["algo.estimator=rloo"], "the setting sets it (--settings)"),
     (["--seeds", "many"], "--seeds"),
 ])

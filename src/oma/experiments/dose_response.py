@@ -99,6 +99,11 @@ def cell_name(setting: str, cap: int, eval_cap: int | None = None) -> str:
     return f"{setting}-cap{cap}" + (f"-eval{eval_cap}" if eval_cap is not None else "")
 
 
+def held_out_cap(eval_caps: dict[str, int] | None, setting: str) -> int | None:
+    """The held-out cap of ``setting``'s kind under ``--eval-cap`` (None: the cell's cap bounds both)."""
+    return (eval_caps or {}).get(setting.rsplit("-", 1)[0])
+
+
 def cell_overrides(setting: str, cap: int, eval_cap: int | None = None) -> list[str]:
     """The overrides of one cell on top of the preset (the user's come after). Without ``eval_cap`` the cap is the
     environment's and bounds training and held-out episodes alike. With it, held-out episodes end at ``eval_cap``
@@ -214,14 +219,14 @@ def load_fits(path: str | Path) -> dict[str, dict[str, dict[str, Fit]]]:
 
 
 def collect(out: Path, caps: dict[str, list[int]], settings: list[str], predict_at: list[float],
-            eval_cap: int | None = None) -> dict[str, Any]:
+            eval_caps: dict[str, int] | None = None) -> dict[str, Any]:
     """Every cell's figures (:func:`oma.experiments.sweep.read_cell`), Holm across every difference of the sweep, and
     per setting × component × metric the line through the per-seed differences of its cells, with Holm across the
     slopes."""
     cells = {}
     for setting in settings:
         for cap in caps[setting.rsplit("-", 1)[0]]:
-            name = cell_name(setting, cap, eval_cap)
+            name = cell_name(setting, cap, held_out_cap(eval_caps, setting))
             entry = read_cell(out / name)
             if entry["ratio"] is None:
                 raise DoseError(f"cell {name}: no expansion ratio measured (no iteration with both a "
@@ -274,26 +279,26 @@ MODEL = ("Δ_{c,k} = a + b · r_c + ε_{c,k}: the paired difference of seed k in
 
 
 def render(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[int]], args_line: str,
-           eval_cap: int | None = None) -> str:
+           eval_caps: dict[str, int] | None = None) -> str:
     cells, fits = m["cells"], m["fits"]
     first = next(iter(cells.values()))
     out = ["# Dose–response: OMA's effect against the expansion ratio", "",
            "The expansion ratio of each kind of failure swept by the step cap, with the tabular policy "
            "(docs/experiments.md#dose-response).", "", "## Command", "", "```", command, "```", "",
            "## Design", "",
-           (f"Each cell is one `oma compare` of `{PRESET}` ({args_line}; its report is in its folder) with "
-            + ("`env.options.max_steps` = the cap, `env.train_max_steps=null` and the kind's chain; the cap bounds "
-               "training and held-out episodes alike." if eval_cap is None else
-               f"the kind's chain, training episodes ended at the cap (`env.train_max_steps`) and held-out episodes "
-               f"at {eval_cap} steps in every cell (`env.eval_max_steps={eval_cap}`, `env.options.max_steps` = the "
-               f"larger of the two): the cap lengthens training failures while the held-out tasks stay as hard.")
-            + " Ratio = failure rows / success rows per trajectory of the "
-            "row+native runs' own rollouts (mean over iterations, then seeds, 95% CI)."), "",
-           "| failures | `on_wrong` | a wrong action | chain | caps |", "|---|---|---|---|---|"]
+           (f"Each cell is one `oma compare` of `{PRESET}` ({args_line}; its report is in its folder) with the "
+            "kind's chain and `env.options.max_steps` = the cap, `env.train_max_steps=null`: the cap bounds training "
+            "and held-out episodes alike; or, for a kind with a held-out cap E of its own (`--eval-cap`), training "
+            "episodes ended at the cap (`env.train_max_steps`) and held-out episodes at E in every cell "
+            "(`env.eval_max_steps`, `env.options.max_steps` = the larger of the two), so the cap lengthens training "
+            "failures while the held-out tasks stay as hard. Ratio = failure rows / success rows per trajectory of "
+            "the row+native runs' own rollouts (mean over iterations, then seeds, 95% CI)."), "",
+           "| failures | `on_wrong` | a wrong action | chain | caps | held-out cap |", "|---|---|---|---|---|---|"]
     for kind in KINDS.values():
         if kind.name in caps:
             out.append(f"| {kind.label} | `{kind.name}` | {kind.what} | {kind.length} long, {kind.actions} actions, "
-                       f"4 signs | {', '.join(map(str, caps[kind.name]))} |")
+                       f"4 signs | {', '.join(map(str, caps[kind.name]))} | "
+                       f"{(eval_caps or {}).get(kind.name, 'the cap')} |")
     out += ["", "Estimators: GRPO (`grpo`), GiGPO (`gigpo`: step-level groups by anchor, γ 0.95, ω 1).", ""]
     for metric, key in (("endpoint", "baseline_endpoint"), ("nAUC", "baseline_nauc")):
         gain = metric == "endpoint"  # what row+native's endpoint gained over its warm start
@@ -388,12 +393,12 @@ def plot(m: dict[str, Any], path: Path) -> None:
 
 
 def to_json(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[int]],
-            eval_cap: int | None = None) -> dict[str, Any]:
+            eval_caps: dict[str, int] | None = None) -> dict[str, Any]:
     def est(e):
         return e.to_dict() if isinstance(e, Estimate) else None
 
     return {
-        "command": command, "wall_time_s": wall, "caps": caps, "eval_cap": eval_cap, "family_size": m["family_size"],
+        "command": command, "wall_time_s": wall, "caps": caps, "eval_caps": eval_caps or {}, "family_size": m["family_size"],
         "holm_significant": sorted("/".join(k) for k in m["holm"]),
         "model": MODEL,
         "predict": "Δ(r) = fit.intercept + fit.slope·r ± t_{0.975, fit.n − 2} · fit.s · √(1/fit.n + (r − fit.x_mean)² / "
@@ -413,14 +418,14 @@ def to_json(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[i
 
 
 def write(out: Path, caps: dict[str, list[int]], settings: list[str], predict_at: list[float], command: str,
-          wall: float, args_line: str, eval_cap: int | None = None) -> None:
+          wall: float, args_line: str, eval_caps: dict[str, int] | None = None) -> None:
     """README.md, dose_response.json and dose_response.png of the finished cells under ``out``."""
 
-    m = collect(out, caps, settings, predict_at, eval_cap)
+    m = collect(out, caps, settings, predict_at, eval_caps)
     plot(m, out / "dose_response.png")
-    doc = to_json(m, command, wall, caps, eval_cap)
+    doc = to_json(m, command, wall, caps, eval_caps)
     atomic_write_text(out / "dose_response.json", json.dumps(doc, indent=2, allow_nan=False))
-    atomic_write_text(out / "README.md", render(m, command, wall, caps, args_line, eval_cap))
+    atomic_write_text(out / "README.md", render(m, command, wall, caps, args_line, eval_caps))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -437,19 +442,20 @@ def pilot_table(rows: list[tuple[str, int, dict[str, Any]]]) -> list[str]:
 
 
 def run_pilot(out: Path, caps: dict[str, list[int]], settings: list[str], flags: list[str], overrides: list[str],
-              preset: str, command: str, eval_cap: int | None = None) -> int:
+              preset: str, command: str, eval_caps: dict[str, int] | None = None) -> int:
     """row+native alone on every cap of ``settings``, into ``out/pilot``; prints and writes the ratio per cap."""
 
     folder = out / "pilot"
     todo = [(s, cap) for s in settings for cap in caps[s.rsplit("-", 1)[0]]]
     t0 = time.perf_counter()
     for i, (setting, cap) in enumerate(todo, 1):
-        name = cell_name(setting, cap, eval_cap)
+        held_out = held_out_cap(eval_caps, setting)
+        name = cell_name(setting, cap, held_out)
         rc = run_cell(PROG, f"pilot {i}/{len(todo)} {name}", preset,
-                      [*cell_overrides(setting, cap, eval_cap), *overrides], flags, folder / name)
+                      [*cell_overrides(setting, cap, held_out), *overrides], flags, folder / name)
         if rc != 0:
             return rc
-    rows = [(s, cap, read_cell(folder / cell_name(s, cap, eval_cap))) for s, cap in todo]
+    rows = [(s, cap, read_cell(folder / cell_name(s, cap, held_out_cap(eval_caps, s)))) for s, cap in todo]
     table = pilot_table(rows)
     wall = time.perf_counter() - t0
     page = ["# Dose–response pilot: the expansion ratio per cap", "", "```", command, "```", "",
@@ -488,9 +494,9 @@ def _parser():
     p.add_argument("--out", default="runs/dose-response", metavar="DIR", help="output (default runs/dose-response)")
     p.add_argument("--dump", action="store_true", help="keep every run's batches and audit them (default: --no-dump, "
                    "the coupling from each run's metrics)")
-    p.add_argument("--eval-cap", type=int, default=None, metavar="N", help="end held-out episodes at N steps in every "
-                   "cell (env.eval_max_steps), so that only training episodes end at the cell's cap (default: the cap "
-                   "bounds both)")
+    p.add_argument("--eval-cap", nargs="+", action="extend", default=[], metavar="KIND=N",
+                   help="end the kind's held-out episodes at N steps in every cell (env.eval_max_steps), so that only "
+                   "training episodes end at the cell's cap, e.g. stay=12 (default: the cap bounds both)")
     p.add_argument("--pilot", action="store_true", help="run row+native alone on --pilot-seeds seeds per cap and print "
                    "the measured ratio per cap, to choose --caps before any comparison is run")
     p.add_argument("--pilot-seeds", type=int, default=4, metavar="K", help="seeds per cap of --pilot (default 4)")
@@ -525,6 +531,24 @@ def parse_caps(items: list[str], settings: list[str], least: int) -> dict[str, l
     return {k: v for k, v in caps.items() if k in used}
 
 
+def parse_eval_caps(items: list[str], caps: dict[str, list[int]]) -> dict[str, int]:
+    """``--eval-cap`` items ``KIND=N``: a held-out cap per kind swept, at least the kind's chain length."""
+    eval_caps: dict[str, int] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep or kind not in caps:
+            raise DoseError(f"--eval-cap {item!r}: expected KIND=N with KIND one of the kinds swept "
+                            f"({', '.join(caps)})")
+        try:
+            eval_caps[kind] = int(value)
+        except ValueError:
+            raise DoseError(f"--eval-cap {item!r}: the cap must be an integer, e.g. {kind}=12") from None
+        if eval_caps[kind] < KINDS[kind].length:
+            raise DoseError(f"--eval-cap {kind}: {eval_caps[kind]} is below the chain's length {KINDS[kind].length}, "
+                            "where nothing can be won")
+    return eval_caps
+
+
 def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -538,10 +562,7 @@ def main(argv: list[str]) -> int:
         if any(not (math.isfinite(r) and r > 0) for r in predict_at):
             raise DoseError(f"--predict-at {args.predict_at!r}: ratios must be finite numbers > 0")
         caps = parse_caps(args.caps, settings, 1 if args.pilot else 2)
-        if args.eval_cap is not None:
-            short = max(KINDS[k].length for k in caps)
-            if args.eval_cap < short:
-                raise DoseError(f"--eval-cap must be at least the longest chain swept ({short}), got {args.eval_cap}")
+        eval_caps = parse_eval_caps(args.eval_cap, caps)
         check_overrides(args.overrides, {**RESERVED, **COMPARE_RESERVED}, DoseError)
     except SystemExit as done:  # --help
         return int(done.code or 0) if isinstance(done.code, int) else 0
@@ -555,21 +576,22 @@ def main(argv: list[str]) -> int:
     if args.pilot:
         flags = ["--variants", "baseline", "--seeds", str(args.pilot_seeds), "--metric", "sampled", "--jobs",
                  str(args.jobs), *horizon, *dump]
-        return run_pilot(out, caps, settings, flags, args.overrides, args.preset, command, args.eval_cap)
+        return run_pilot(out, caps, settings, flags, args.overrides, args.preset, command, eval_caps)
     flags = ["--variants", "2x2", "--seeds", str(args.seeds), "--metric", "sampled", "--jobs", str(args.jobs), *horizon,
              *dump]
     todo = [(s, cap) for s in settings for cap in caps[s.rsplit("-", 1)[0]]]
     t0 = time.perf_counter()
     for i, (setting, cap) in enumerate(todo, 1):
-        name = cell_name(setting, cap, args.eval_cap)
+        held_out = held_out_cap(eval_caps, setting)
+        name = cell_name(setting, cap, held_out)
         rc = run_cell(PROG, f"cell {i}/{len(todo)} {name}", args.preset,
-                      [*cell_overrides(setting, cap, args.eval_cap), *args.overrides], flags, out / name)
+                      [*cell_overrides(setting, cap, held_out), *args.overrides], flags, out / name)
         if rc != 0:
             return rc
     args_line = (f"2x2, {args.seeds} seeds, held-out sampled success, "
                  + ("batches dumped and audited" if args.dump else "`--no-dump`: coupling from each run's metrics"))
     try:
-        write(out, caps, settings, predict_at, command, time.perf_counter() - t0, args_line, args.eval_cap)
+        write(out, caps, settings, predict_at, command, time.perf_counter() - t0, args_line, eval_caps)
     except DoseError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
