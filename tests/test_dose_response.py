@@ -147,6 +147,8 @@ def test_an_eval_cap_of_its_own_holds_the_held_out_tasks_fixed(tmp_path, capsys)
     assert oma_main(argv) == 0
     printed = capsys.readouterr().out
     assert "| trap-grpo | 5 | 1.25 [1.25, 1.25] |" in printed and "| trap-grpo | 8 | 2.00 [2.00, 2.00] |" in printed
+    assert "Held-out episodes of `trap` end at 6 steps in every cell" in (out / "pilot" / "README.md").read_text()
+    assert json.loads((out / "pilot" / "pilot.json").read_text())["eval_caps"] == {"trap": 6}
     first = {}
     for cap in (5, 8):
         cell = out / "pilot" / f"trap-grpo-cap{cap}-eval6"

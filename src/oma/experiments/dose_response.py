@@ -461,11 +461,14 @@ def run_pilot(out: Path, caps: dict[str, list[int]], settings: list[str], flags:
     page = ["# Dose–response pilot: the expansion ratio per cap", "", "```", command, "```", "",
             ("row+native alone, per setting and step cap: its measured expansion ratio (failure rows / success rows "
              "per trajectory of its rollouts, mean over iterations, then seeds, 95% CI), its endpoint and its gain over "
-             "its warm start. Choose each kind's caps for the sweep from it (docs/experiments.md#dose-response)."), "",
+             "its warm start. Choose each kind's caps for the sweep from it (docs/experiments.md#dose-response). "
+             "Ratio — : no iteration had both a success and a failure."
+             + "".join(f" Held-out episodes of `{k}` end at {n} steps in every cell (`--eval-cap`)."
+                       for k, n in sorted((eval_caps or {}).items()))), "",
             *table, "", f"Wall time: {wall / 60:.1f} min.", ""]
     atomic_write_text(folder / "README.md", "\n".join(page))
     atomic_write_text(folder / "pilot.json", json.dumps(
-        {"command": command, "wall_time_s": wall,
+        {"command": command, "wall_time_s": wall, "eval_caps": eval_caps or {},
          "cells": [{"setting": s, "cap": cap, "ratio": c["ratio"].to_dict() if c["ratio"] else None,
                     "baseline_endpoint": c["baseline_endpoint"].to_dict(),
                     "baseline_gain": c["baseline_gain"].to_dict() if c["baseline_gain"] else None, "n_seeds": c["n_seeds"]}
