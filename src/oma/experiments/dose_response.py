@@ -398,7 +398,8 @@ def to_json(m: dict[str, Any], command: str, wall: float, caps: dict[str, list[i
         return e.to_dict() if isinstance(e, Estimate) else None
 
     return {
-        "command": command, "wall_time_s": wall, "caps": caps, "eval_caps": eval_caps or {}, "family_size": m["family_size"],
+        "command": command, "wall_time_s": wall, "caps": caps, "eval_caps": eval_caps or {},
+        "family_size": m["family_size"],
         "holm_significant": sorted("/".join(k) for k in m["holm"]),
         "model": MODEL,
         "predict": "Δ(r) = fit.intercept + fit.slope·r ± t_{0.975, fit.n − 2} · fit.s · √(1/fit.n + (r − fit.x_mean)² / "

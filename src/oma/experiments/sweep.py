@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from oma.experiments.stats import Estimate, holm, t_quantile
-from oma.files import read_json_object
 from oma.experiments.variants import BASELINE
+from oma.files import read_json_object
 
 PRESET = "configs/chain-tabular-grpo.yaml"
 """The lane's preset (relative to the repository root, or the working directory)."""
