@@ -169,3 +169,10 @@ def test_no_batch_is_named(tmp_path: Path, capsys) -> None:
     (study / "lm-test" / "batches").mkdir()
     assert _module().main(["--study", str(study), "--out", str(tmp_path)]) == 1
     assert "no batch (seeds-A-B/compare.json)" in capsys.readouterr().err
+
+
+def test_the_committed_analysis_regenerates_byte_for_byte(tmp_path: Path) -> None:
+    committed = STUDIES / "dose-response" / "lm-test"
+    assert _module().main(["--out", str(tmp_path)]) == 0
+    for name in ("analysis.md", "analysis.json", "report.md", "results.json", "compare.json"):
+        assert (tmp_path / name).read_bytes() == (committed / name).read_bytes(), f"lm-test/{name} is stale"
