@@ -180,23 +180,55 @@ def test_a_bad_source_is_named_in_one_line(tmp_path: Path, capsys: pytest.Captur
     assert not (tmp_path / "out" / "README.md").exists()
 
 
-def test_the_cap50_test_joins_the_family_once_it_reports(tmp_path: Path) -> None:
-    # a stand-in for its results.json: any `oma compare` folder (here a 2026-11-30 report) at dose-response/lm-test
+T_975_DF11 = 2.200985160082949
+"""Student t's 0.975 quantile with 11 degrees of freedom (a table value)."""
+LM_CAP50 = STUDIES / "dose-response" / "lm-test"
+
+
+def _cap50_run(variant: str, seed: int) -> Path:
+    [run] = LM_CAP50.glob(f"batches/seeds-*/{variant}/seed-{seed}")
+    return run
+
+
+def test_the_cap50_rows_by_hand_and_as_the_lm_test_analysed_them() -> None:
+    # its endpoint is the mean of the evaluations at iterations 45, 60 and 75, straight from the committed batches
+    def endpoint(variant: str, seed: int) -> float:
+        return sum(_greedy_at(_cap50_run(variant, seed), it) for it in (45, 60, 75)) / 3
+
+    analysis = json.loads((LM_CAP50 / "analysis.json").read_text())
+    [ma] = [r["diff"] for r in analysis["secondary"]
+            if (r["variant"], r["success"], r["measure"]) == ("row+MA", "greedy", "endpoint")]
+    rows = {r["compared"]: r for r in _committed()["rows"] if r["source"] == "dose-response/lm-test"}
+    assert _committed()["lm_cap50"] == "reported" and sorted(rows) == ["MA alone", "OA+MA"]
+    for compared, variant, own in (("OA+MA", "OA+MA", analysis["primary"]), ("MA alone", "row+MA", ma)):
+        d = [endpoint(variant, k) - endpoint("row+native", k) for k in range(12)]
+        mean = sum(d) / 12
+        se = math.sqrt(sum((x - mean) ** 2 for x in d) / 11) / math.sqrt(12)
+        row = rows[compared]["diff"]
+        assert rows[compared]["seeds"] == list(range(12))
+        assert row["mean"] == pytest.approx(mean, abs=1e-12) == pytest.approx(own["mean"], abs=1e-12)
+        assert row["lo"] == pytest.approx(mean - T_975_DF11 * se, abs=1e-9) == pytest.approx(own["lo"], abs=1e-12)
+        assert row["hi"] == pytest.approx(mean + T_975_DF11 * se, abs=1e-9) == pytest.approx(own["hi"], abs=1e-12)
+        assert row["p"] == pytest.approx(_t_tail_by_hand(abs(mean) / se, 11), abs=1e-7)
+
+
+def test_before_the_cap50_test_reports_its_rows_wait(tmp_path: Path) -> None:
+    # the same studies without lm-test/results.json: no cap-50 number, and a family smaller by its two rows
     studies = tmp_path / "studies"
     studies.mkdir()
     for child in STUDIES.iterdir():
         if child.name != "dose-response":
             (studies / child.name).symlink_to(child)
-    (studies / "dose-response").mkdir()
+    (studies / "dose-response" / "lm-test").mkdir(parents=True)
     for child in (STUDIES / "dose-response").iterdir():
-        if child.name != "lm-test":  # its pre-registration, committed before any result; the stand-in replaces it
+        if child.name != "lm-test":
             (studies / "dose-response" / child.name).symlink_to(child)
-    (studies / "dose-response" / "lm-test").symlink_to(HISTORY_REPORT.parent)
+    for child in LM_CAP50.iterdir():
+        if child.name != "results.json":
+            (studies / "dose-response" / "lm-test" / child.name).symlink_to(child)
     assert _module().main(["--studies", str(studies), "--out", str(tmp_path / "out")]) == 0
     got = json.loads((tmp_path / "out" / "results.json").read_text())
-    cap50 = [r for r in got["rows"] if r["source"] == "dose-response/lm-test"]
-    assert got["lm_cap50"] == "reported" and [r["compared"] for r in cap50] == ["OA+MA", "OA alone", "MA alone"]
-    assert got["family_size"] == _committed()["family_size"] + 3
-    [history] = [r for r in got["history"] if r["where"] == "household-grpo"]
-    assert cap50[0]["diff"] == history["diff"]
-    assert "not yet reported" not in (tmp_path / "out" / "README.md").read_text()
+    assert got["lm_cap50"] == "not yet reported"
+    assert not [r for r in got["rows"] if r["source"] == "dose-response/lm-test"]
+    assert got["family_size"] == _committed()["family_size"] - 2
+    assert "has not reported" in (tmp_path / "out" / "README.md").read_text()

@@ -281,7 +281,7 @@ def collect(studies: Path) -> dict[str, Any]:
     cap50 = studies / LM_CAP50 / "results.json"
     if cap50.exists():
         tested += compare_rows(studies, LM_CAP50, "lm", "LM lane, household at the ALFWorld-like cap 50",
-                               "LM household, cap 50", "../dose-response/README.md", COMPONENTS)
+                               "LM household, cap 50", "../dose-response/lm-test/analysis.md", COMPONENTS)
     tested += map_rows(studies)
     mark_holm(tested)
     history = []
