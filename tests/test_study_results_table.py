@@ -232,3 +232,13 @@ def test_before_the_cap50_test_reports_its_rows_wait(tmp_path: Path) -> None:
     assert not [r for r in got["rows"] if r["source"] == "dose-response/lm-test"]
     assert got["family_size"] == _committed()["family_size"] - 2
     assert "has not reported" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_the_papers_numbers_sit_in_one_table_with_ours() -> None:
+    lines = (PAGE / "README.md").read_text().splitlines()
+    paper = lines.index(next(x for x in lines if x.startswith("| the paper: ALFWorld |")))
+    ours = [i for i, x in enumerate(lines) if x.startswith("| [") and "../tabular-coupling-map/" in x]
+    assert ours and paper < ours[0]
+    assert all(x.startswith("| ") for x in lines[paper:ours[-1] + 1]), "a table ends between the paper's rows and ours"
+    assert lines[paper - 1].startswith("|---") and lines[paper - 2].startswith("| where |")
+    assert "| the paper: ALFWorld | success | OA+MA | failures expand much more than successes |" in lines[paper]

@@ -57,11 +57,12 @@ COMPONENTS = (("OA+MA", "OA+MA"), ("OA alone", "OA+native"), ("MA alone", "row+M
 """(what the row calls the compared accounting, the variant that measures it against row+native)."""
 
 PAPER = (
-    ("ALFWorld", "success", "+7.0 to +9.4 points", "failures expand much more than successes"),
-    ("WebShop", "success", "mixed", ""),
-    ("WebShop-SOL", "nAUC", "0.399 → 0.511", ""),
+    ("ALFWorld", "success", "+7.0 to +9.4 points", "failures expand much more than successes", "+"),
+    ("WebShop", "success", "mixed", "", "mixed"),
+    ("WebShop-SOL", "nAUC", "0.399 → 0.511", "", "+"),
 )
-"""The paper's numbers (arXiv 2611.16816), OA+MA against its baseline: all we have of them (no CI, seeds or p)."""
+"""The paper's numbers (arXiv 2611.16816), OA+MA against its baseline, and their sign: all we have of them (no CI,
+seeds or p)."""
 
 
 class SourceError(ValueError):
@@ -370,19 +371,17 @@ def render(c: dict[str, Any]) -> str:
             "measured against (for the LM rows, whose Δ is read at the last iteration, the study gives the gain "
             "there too). Ratio = row+native's rows per failed over per successful trajectory (K fail / K "
             "success), mean over seeds."), "",
-           "## The paper", "",
-           ("arXiv 2611.16816, OA+MA against its baseline; these are all we have of its numbers "
-            "(no CI, seeds or p)."), ""]
-    out += _table(["benchmark", "measure", "OA+MA − baseline", "coupling"], [list(p) for p in PAPER])
-
-    out += ["## Ours", ""]
-    rows = []
+           "## The paper's effects and ours", "",
+           ("The paper's rows come first: arXiv 2611.16816, OA+MA against its baseline, all we have of its numbers "
+            "(no CI, seeds or p, so they are not in the Holm family). Ours follow, LM lane first."), ""]
+    rows = [[f"the paper: {bench}", measure, OMA, coupling or "n/a", "n/a", delta, "not given", "n/a", "", signed,
+             "not given"] for bench, measure, delta, coupling, signed in PAPER]
     for r in tested:
         rows.append([_where(r), r.measure, r.compared, _ci(r.ratio, signed=False) if r.ratio else "n/a",
                      str(r.diff.n), f"{_n(r.diff.mean)}", f"[{_n(r.diff.lo)}, {_n(r.diff.hi)}]", _p(r.diff.p),
                      "✱" if r.holm else "", sign(r.diff, r.holm), _ci(r.gain)])
     if not c["cap50"]:  # its row holds its place after the other LM rows, without a number
-        rows.insert(sum(r.block == "lm" for r in tested),
+        rows.insert(len(PAPER) + sum(r.block == "lm" for r in tested),
                     ["[LM lane, household at the ALFWorld-like cap 50](../dose-response/README.md)",
                      "—", "OA+MA, MA alone", "", "", "not yet reported", "", "", "", "", ""])
     out += _table(["where", "measure", "compared", "ratio", "n seeds", "Δ", "95% CI", "p", "Holm", "sign",
@@ -432,7 +431,7 @@ def to_json(c: dict[str, Any]) -> dict[str, Any]:
         return d
 
     return {"generated_by": "studies/tools/results_table.py",
-            "paper": [dict(zip(("benchmark", "measure", "oma_minus_baseline", "coupling"), p)) for p in PAPER],
+            "paper": [dict(zip(("benchmark", "measure", "oma_minus_baseline", "coupling", "sign"), p)) for p in PAPER],
             "alpha": ALPHA, "family_size": len(c["tested"]), "rows": [row(r) for r in c["tested"]],
             "lm_cap50": "reported" if c["cap50"] else "not yet reported",
             "slopes": {"source": DOSE, "family_size": len(c["slopes"]),
