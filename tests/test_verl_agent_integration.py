@@ -303,13 +303,19 @@ class DataProto:
         t = sim.tensors(batch)
         self.batch = {"response_mask": torch.as_tensor(t["response_mask"]).long(),
                       "token_level_rewards": torch.as_tensor(t["token_level_rewards"], dtype=torch.float32),
-                      "step_rewards": torch.as_tensor(batch["step_rewards"], dtype=torch.float32)}
+                      "step_rewards": torch.as_tensor(batch["step_rewards"], dtype=torch.float32),
+                      "input_ids": torch.as_tensor(t["input_ids"])}
         self.non_tensor_batch = {k: np.asarray(batch[k], dtype=object) for k in
                                  ("uid", "traj_uid", "episode_rewards", "is_action_valid", "anchor_obs", "row_id")}
 
 
+WHOLE_OBJECTIVE = {"actor_rollout_ref__actor__use_kl_loss": False, "actor_rollout_ref__actor__entropy_coeff": 0.0,
+                   "algorithm__use_kl_in_reward": True}
+"""The recipe's KL loss moved into the reward and no entropy bonus: Mass Alignment then reaches the whole objective."""
+
+
 def config(oma: dict | None = None, **changes) -> OmegaConf:
-    """verl-agent's config as its GiGPO ALFWorld recipe sets it, on 2 GPUs."""
+    """verl-agent's config as its GiGPO ALFWorld recipe sets it (KL loss 0.01, entropy bonus 0.001), on 2 GPUs."""
     cfg = OmegaConf.create({
         "algorithm": {"adv_estimator": "gigpo", "gamma": 0.95, "norm_adv_by_std_in_grpo": True, "use_kl_in_reward": False,
                       "gigpo": {"step_advantage_w": 1.0, "mode": "mean_std_norm", "enable_similarity": False}},
@@ -331,16 +337,18 @@ def config(oma: dict | None = None, **changes) -> OmegaConf:
 def test_the_hook_writes_what_align_batch_computes():
     batch = sim.simulate(2)
     data, metrics = DataProto(batch), {"actor/x": 1.0}
-    setup = check_config(config())
+    setup = check_config(config(**WHOLE_OBJECTIVE))
     assert str(setup).startswith("oma: verl-agent integration active — gigpo, accounting=trajectory, mass=uniform")
+    assert "NOT under Mass Alignment" not in str(setup) and setup.unaligned == ()
     assert setup.options.norm_by_std and setup.options.gamma == 0.0 and setup.invalid_penalty == 0.1
     assert setup.actor == ActorLoss(mini_batch_rows=48, micro_batch_rows=8, dp=2)
-    out = compute_advantage(data, config(), metrics, iteration=3)
+    out = compute_advantage(data, config(**WHOLE_OBJECTIVE), metrics, iteration=3)
     r = align_batch(columns(batch), setup.options, actor=setup.actor)
     assert out is data  # its scores and step rewards in float32, as verl-agent keeps them
     assert data.batch["advantages"].numpy() == pytest.approx(r.advantages.numpy(), rel=1e-5, abs=1e-7)
     assert torch.allclose(data.batch["returns"], (r.adv.unsqueeze(-1) * data.batch["response_mask"]).float())
     assert metrics["oma/trajectories"] == 24 and metrics["actor/x"] == 1.0 and metrics["oma/optimizer_steps"] == 3
+    assert metrics["oma/padding_copies"] == batch["copies_added"] > 0 and "oma/unaligned_share" not in metrics
 
 
 def test_the_hook_baseline_is_verl_agents_compute_advantage():
@@ -366,6 +374,14 @@ CONFIG_REFUSED = [
     ({}, {"actor_rollout_ref__actor__use_dynamic_bsz": True}, "use_dynamic_bsz=True with loss_agg_mode=token-mean"),
     ({}, {"actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu": None}, "ppo_micro_batch_size_per_gpu is not set"),
     ({"mass": "unifrom"}, {}, "algorithm.oma.mass must be one of"),
+    ({}, {}, "actor_rollout_ref.actor.use_kl_loss=True (kl_loss_coef=0.01): verl-agent's actor adds the KL loss by "
+     "loss_agg_mode with no per-trajectory weight, so Mass Alignment would not reach it; set "
+     "actor_rollout_ref.actor.use_kl_loss=False and algorithm.use_kl_in_reward=True"),
+    ({"mass": "group"}, {"actor_rollout_ref__actor__use_kl_loss": False},
+     "actor_rollout_ref.actor.entropy_coeff=0.001: verl-agent's actor adds the entropy bonus by loss_agg_mode"),
+    ({}, {**WHOLE_OBJECTIVE, "actor_rollout_ref__actor__entropy_coeff": -0.01},
+     "or +algorithm.oma.allow_unaligned=true to train with it outside Mass Alignment (algorithm.oma.mass=uniform)"),
+    ({"allow_unaligned": "yes"}, {}, "algorithm.oma.allow_unaligned must be true or false, got 'yes'"),
 ]
 
 
@@ -382,7 +398,8 @@ def test_the_hook_refuses_before_it_writes(oma, changes, message):
 def test_the_hook_refuses_dynamic_batches_of_images():
     data = DataProto(sim.simulate(0))
     data.non_tensor_batch["multi_modal_inputs"] = np.asarray([{}] * len(data.non_tensor_batch["uid"]), dtype=object)
-    cfg = config(actor_rollout_ref__actor__use_dynamic_bsz=True, actor_rollout_ref__actor__loss_agg_mode="seq-mean-token-sum")
+    cfg = config(actor_rollout_ref__actor__use_dynamic_bsz=True, actor_rollout_ref__actor__loss_agg_mode="seq-mean-token-sum",
+                 **WHOLE_OBJECTIVE)
     with pytest.raises(VerlAgentConfigError, match="scales each micro-batch's loss by the number of its keys"):
         compute_advantage(data, cfg)
     assert "advantages" not in data.batch
@@ -399,10 +416,143 @@ def test_the_check_command_reads_the_audit_dump(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert f"({batch['copies_added']} padding copies), 24 trajectories" in lines[0]
     assert lines[1].split() == ["uid", "traj_uid", "rows", "tokens", "A", "row", "A", "traj", "mass", "native", "mass", "uniform"]
-    uniform = [float(line.split()[-1]) for line in lines[2:-1]]
+    uniform = [float(line.split()[-1]) for line in lines[2:-2]]
     assert len(uniform) == 24 and uniform == pytest.approx([1 / 24] * 24, abs=1e-4)
-    assert lines[-1].startswith("padding copies carry ")
+    assert lines[-2].startswith("padding copies carry ")
+    assert lines[-1].startswith("float32 zero spread: 0 of ")  # the sim's groups always differ
     sim.write(batch, tmp_path / "bad.jsonl", drop=("score", "is_copy", "copies_added", "row_id", "traj_uid"))
     assert check_main(["check", str(tmp_path / "bad.jsonl")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing column 'traj_uid'" in err
+
+
+# ---- the whole objective: KL loss and entropy bonus refused under MA, or opted in and measured ----------
+
+
+def test_the_actors_other_terms_are_refused_under_mass_alignment_unless_opted_in():
+    for mass in ("uniform", "group"):
+        with pytest.raises(VerlAgentConfigError, match=r"use_kl_loss=True \(kl_loss_coef=0.01\)"):
+            check_config(config({"mass": mass}))
+    assert check_config(config({"mass": "native"})).unaligned == ()  # verl-agent's own loss: nothing to align
+    assert check_config(config(**WHOLE_OBJECTIVE)).unaligned == ()
+    opted = check_config(config({"allow_unaligned": True}))
+    assert opted.unaligned == (("kl_loss", 0.01), ("entropy", 0.001))
+    assert str(opted).endswith("; NOT under Mass Alignment (algorithm.oma.allow_unaligned=true): kl_loss ×0.01, "
+                               "entropy ×0.001, their share of the objective logged each step as oma/unaligned_share")
+    entropy_only = check_config(config({"allow_unaligned": True}, actor_rollout_ref__actor__use_kl_loss=False))
+    assert entropy_only.unaligned == (("entropy", 0.001),)
+
+
+def _two_trajectories() -> dict:
+    """By hand: one group; trajectory a is one row of 2 tokens, b two rows of 3 and 5 tokens."""
+    mask = np.arange(5) < np.array([[2], [3], [5]])
+    rewards = np.zeros((3, 5))
+    rewards[0, 1] = 1.0  # a wins, b fails
+    return {"uid": ["g", "g", "g"], "traj_uid": ["a", "b", "b"], "response_mask": mask, "token_level_rewards": rewards,
+            "row_id": [0, 1, 2]}
+
+
+def test_by_hand_the_unaligned_share_and_the_mass_it_moves():
+    # one micro-batch, token-mean: the KL and entropy terms weigh each of the 10 tokens 1/(10 + 1e-8), so
+    # trajectory a holds 2/10 of their mass and b 8/10; uniform MA gives a and b 1/2 each, 1 in all.
+    r = align_batch(_two_trajectories(), {"mass": "uniform"}, unaligned_coef=0.011)
+    outside = 0.011 * 10 / (10 + 1e-8)
+    assert r.metrics["oma/unaligned_share"] == pytest.approx(outside / (1 + outside), rel=1e-12)
+    assert r.metrics["oma/unaligned_mass_moved"] == pytest.approx(0.5 * (abs(0.2 - 0.5) + abs(0.8 - 0.5)), rel=1e-9)
+    assert "oma/unaligned_share" not in align_batch(_two_trajectories(), {"mass": "uniform"}).metrics
+    assert "oma/unaligned_share" not in align_batch(_two_trajectories(), {"mass": "native"}, unaligned_coef=0.011).metrics
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS.values()), ids=list(LAYOUTS))
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_mass_moved_is_the_distance_from_verl_agents_own_actor_weights(seed, layout):
+    batch = sim.simulate(seed)
+    r = align_batch(columns(batch), {"mass": "group"}, actor=actor(layout), unaligned_coef=0.01)
+    native = sim.actor_token_weights(sim.tensors(batch)["response_mask"], loss_agg_mode="token-mean", **layout).sum(-1)
+    theirs, ours = per_trajectory(batch["traj_uid"], native), per_trajectory(batch["traj_uid"], r.weights.sum(-1).numpy())
+    moved = 0.5 * sum(abs(theirs[t] / sum(theirs.values()) - ours[t] / sum(ours.values())) for t in theirs)
+    assert r.metrics["oma/unaligned_mass_moved"] == pytest.approx(moved, rel=1e-9)
+    share = 0.01 * sum(theirs.values()) / (sum(ours.values()) + 0.01 * sum(theirs.values()))
+    assert r.metrics["oma/unaligned_share"] == pytest.approx(share, rel=1e-9)
+
+
+def test_an_opted_in_run_logs_its_unaligned_share_each_step():
+    data, metrics = DataProto(sim.simulate(4)), {}
+    compute_advantage(data, config({"allow_unaligned": True}), metrics)
+    assert 0.0 < metrics["oma/unaligned_share"] < 0.011 and 0.0 < metrics["oma/unaligned_mass_moved"] < 1.0
+    data, metrics = DataProto(sim.simulate(4)), {}
+    compute_advantage(data, config({"allow_unaligned": True, "mass": "native"}), metrics)
+    assert "oma/unaligned_share" not in metrics
+
+
+# ---- the patch checks itself: row_id set after adjust_batch -------------------------------------
+
+
+def test_a_row_id_set_after_adjust_batch_is_refused():
+    batch = sim.simulate(5)
+    data, metrics = DataProto(batch), {}
+    rows = len(batch["score"])
+    data.non_tensor_batch["row_id"] = np.arange(rows)  # numbered after the copies: every id unique
+    with pytest.raises(VerlAgentConfigError) as e:
+        compute_advantage(data, config(**WHOLE_OBJECTIVE), metrics)
+    message = str(e.value)
+    assert message.startswith(f"{batch['copies_added']} rows repeat another row of their trajectory token for token")
+    assert "put batch.non_tensor_batch['row_id'] = np.arange(len(batch)) on the line just before " \
+           "batch = adjust_batch(self.config, batch)" in message and "\n" not in message
+    assert "advantages" not in data.batch and not metrics
+    cols = {**columns(batch), "row_id": np.arange(rows), "input_ids": sim.tensors(batch)["input_ids"]}
+    with pytest.raises(VerlAgentConfigError, match="the row_id line runs after adjust_batch"):
+        align_batch(cols, {"accounting": "row", "mass": "native"})  # the patch is wrong whatever the mode
+    cols["row_id"] = batch["row_id"]  # before adjust_batch: the copies are found and nothing is refused
+    assert int(align_batch(cols).is_copy.sum()) == batch["copies_added"]
+
+
+def test_a_row_id_that_is_not_an_integer_per_row_is_refused():
+    data = DataProto(sim.simulate(5))
+    data.non_tensor_batch["row_id"] = np.asarray([str(v) for v in data.non_tensor_batch["row_id"]], dtype=object)
+    with pytest.raises(VerlAgentConfigError, match=r"^batch.non_tensor_batch\['row_id'\] must hold one integer per row"):
+        compute_advantage(data, config(**WHOLE_OBJECTIVE))
+    assert "advantages" not in data.batch
+
+
+# ---- float32 zero spread: what stock verl-agent's arithmetic gives a group of equal scores ----------
+
+
+def _stock_float32(scores: list[float], eps: float = 1e-6) -> list[float]:
+    """verl-agent's GRPO step by hand, as its loop does it: a list of 0-d float32 scores, torch.mean and
+    torch.std of the stacked list, then (s − mean)/(std + ε)."""
+    items = [torch.tensor(s, dtype=torch.float32) for s in scores]
+    mean, std = torch.mean(torch.tensor(items)), torch.std(torch.tensor([items]))
+    return [float((s - mean) / (std + eps)) for s in items]
+
+
+def test_by_hand_equal_scores_give_verl_agent_a_rounding_advantage_and_oma_zero():
+    from oma.integrations.verl_agent.batch import float32_zero_spread
+    scores = [9.9] * 6 + [0.5, 0.5] + [9.9] * 4 + [3.0]  # groups: 6 × 9.9, 2 × 0.5, 4 × 9.9, 1 × 3.0
+    group = torch.tensor([0] * 6 + [1, 1] + [2] * 4 + [3])
+    residue = float32_zero_spread(torch.tensor(scores, dtype=torch.float32), group)
+    stock = _stock_float32([9.9] * 6)[0]
+    assert abs(stock) > 0.4  # float32 cannot hold 6 × 9.9's mean: μ̂ is an ulp off, σ̂ ≈ 1e-6
+    assert residue[:6].tolist() == pytest.approx([stock] * 6, abs=0) and residue[6:].abs().sum() == 0
+    assert _stock_float32([0.5, 0.5]) == [0.0, 0.0] and _stock_float32([9.9] * 4) == [0.0] * 4
+    r = align_batch({"uid": group.tolist(), "traj_uid": list(range(13)), "response_mask": np.ones((13, 2), bool),
+                     "token_level_rewards": np.stack([np.asarray(scores), np.zeros(13)], -1)},
+                    {"accounting": "row", "mass": "native"}, invalid_penalty=0)
+    assert r.adv[:12].abs().max() == 0  # oma: a group without spread has advantage 0
+
+
+def test_the_check_command_counts_the_rows_stock_verl_agent_rounds(tmp_path, capsys):
+    batch = sim.simulate(3)
+    first = batch["uid"] == batch["uid"][0]  # one group: every row scores 10 − 0.1, 9.9 in float32
+    batch["episode_rewards"] = np.where(first, 10.0, batch["episode_rewards"])
+    batch["is_action_valid"] = np.where(first, False, batch["is_action_valid"])
+    batch["score"] = np.where(first, 10.0 - 0.1, batch["score"])
+    sim.write(batch, tmp_path / "b.parquet")
+    assert check_main(["check", str(tmp_path / "b.parquet")]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    stock = _stock_float32([float(np.float32(np.float32(10.0) - np.float32(0.1)))] * int(first.sum()))[0]
+    assert stock != 0, "the group's size must be one whose float32 mean is inexact"
+    assert last.startswith(f"float32 zero spread: {int(first.sum())} of {len(first)} rows sit in groups of equal scores")
+    assert f"|A| up to {abs(stock):.3f}" in last
+    assert check_main(["check", str(tmp_path / "b.parquet"), "--no-std"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("float32 zero spread: none without the std")

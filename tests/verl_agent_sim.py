@@ -124,15 +124,20 @@ def rloo(batch: dict[str, np.ndarray]) -> np.ndarray:
 def tensors(batch: dict[str, np.ndarray], width: int = 32) -> dict[str, np.ndarray]:
     """The batch's ``response_mask`` [R, width] (``response_tokens`` valid tokens, then padding) and
     ``token_level_rewards`` [R, width]: the reward manager puts ``episode_rewards`` on the last valid
-    token, ``apply_invalid_action_penalty`` subtracts C·(1 − valid) there (``score`` holds the result)."""
+    token, ``apply_invalid_action_penalty`` subtracts C·(1 − valid) there (``score`` holds the result),
+    and ``input_ids`` [R, 16 + width]: a prompt of the row's 16 ``row_hash`` characters, then its response
+    (a copy repeats its original token for token, two steps never do)."""
     rows = len(batch["score"])
     mask = np.zeros((rows, width), dtype=bool)
     rewards = np.zeros((rows, width))
+    input_ids = np.zeros((rows, 16 + width), dtype=np.int64)
     for r in range(rows):
         n = int(batch["response_tokens"][r])
         mask[r, :n] = True
         rewards[r, n - 1] = batch["score"][r]
-    return {"response_mask": mask, "token_level_rewards": rewards}
+        input_ids[r, :16] = [ord(c) for c in batch["row_hash"][r]]
+        input_ids[r, 16:16 + n] = 7
+    return {"response_mask": mask, "token_level_rewards": rewards, "input_ids": input_ids}
 
 
 def micro_batches(rows: int, *, mini_rows: int, micro_rows: int, dp: int, partition=None) -> list[list]:

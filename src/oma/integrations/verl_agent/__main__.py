@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 import torch
+from torch import Tensor
 
-from oma.integrations.verl_agent.batch import AGG_MODES, ActorLoss, align_batch, ids
+from oma.integrations.verl_agent.batch import AGG_MODES, ActorLoss, align_batch, float32_zero_spread, ids
 from oma.integrations.verl_agent.trainer import ESTIMATORS
 
 
@@ -45,6 +46,26 @@ def read_columns(path: str | Path) -> dict[str, np.ndarray]:
 
 def _per_trajectory(traj: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.float64).index_add_(0, traj, values)
+
+
+def float32_residue(cols: dict[str, np.ndarray], estimator: str, norm_by_std: bool, invalid_penalty: float) -> Tensor | None:
+    """Per row, what stock verl-agent's float32 arithmetic adds to an advantage that is exactly 0 (a group of
+    equal scores, :func:`~oma.integrations.verl_agent.batch.float32_zero_spread`); None without the std
+    (then the residue is at most an ulp of the score). The scores in float32 as verl-agent forms them."""
+    if not norm_by_std or estimator == "rloo":
+        return None
+    if "token_level_rewards" in cols:
+        scores = torch.as_tensor(np.stack(list(cols["token_level_rewards"])).astype(np.float32)).sum(-1)
+    else:  # the reward on the last token, less the penalty, both float32 (apply_invalid_action_penalty)
+        scores = torch.as_tensor(cols["episode_rewards"].astype(np.float32))
+        if invalid_penalty:
+            scores = scores - invalid_penalty * (1 - torch.as_tensor(cols["is_action_valid"].astype(np.float32)))
+    group = ids(cols["uid"])[0]
+    residue = float32_zero_spread(scores, group)
+    if estimator == "gigpo":  # ω = 1, the step term over the rows of a uid in one state
+        state = ids(list(zip(group.tolist(), ids(cols["anchor_obs"])[0].tolist(), strict=True)))[0]
+        residue = residue + float32_zero_spread(torch.as_tensor(cols["step_rewards"].astype(np.float32)), state)
+    return residue
 
 
 def check(path: str | Path, *, estimator: str = "grpo", norm_by_std: bool | None = None, invalid_penalty: float = 0.1,
@@ -75,6 +96,15 @@ def check(path: str | Path, *, estimator: str = "grpo", norm_by_std: bool | None
     out.append(f"padding copies carry {copy_share:.4f} of verl-agent's own mass, 0 under mass={mass}; "
                f"Kish effective trajectories: {base.metrics.get('oma/effective_trajectories', 0):.2f} native, "
                f"{oma.metrics.get('oma/effective_trajectories', 0):.2f} {mass}")
+    residue = float32_residue(cols, estimator, std, invalid_penalty)
+    if residue is None:
+        out.append("float32 zero spread: none without the std (stock verl-agent's residue is then an ulp of the score)")
+    else:
+        hit = residue != 0
+        size = residue[hit].abs() if hit.any() else torch.zeros(1)
+        out.append(f"float32 zero spread: {int(hit.sum())} of {len(traj)} rows sit in groups of equal scores whose float32 "
+                   f"mean is inexact; stock verl-agent gives them |A| up to {float(size.max()):.3f} (mean "
+                   f"{float(size.mean()):.3f}), oma 0 (docs/verl-agent.md#float32-zero-spread)")
     return "\n".join(out)
 
 

@@ -142,7 +142,7 @@ class ActorLoss:
                 "micro-batch it cuts by tokens, which oma cannot see when it computes advantages; use loss_agg_mode="
                 "seq-mean-token-sum or seq-mean-token-mean (exact for any split), or use_dynamic_bsz=False")
 
-    def token_factor(self, response_mask: Tensor, *, exact: bool = True) -> Tensor:
+    def token_factor(self, response_mask: Tensor, *, exact: bool = True, mode: str | None = None) -> Tensor:
         r"""f_r, float64 [R]: what the actor multiplies each valid token loss of row r by, over the step
         (verl-agent's own loss is Σ f·mask·ℓ).
 
@@ -153,13 +153,14 @@ class ActorLoss:
         tokens; 0 for a row without one), 1/L for ``seq-mean-token-sum-norm`` (L the padded length; in
         verl 0.3.1 this mode does not divide by rows). The two that count rows do not depend on the split,
         so they are exact with ``dynamic_bsz`` too; the other two then take each rank's mini-batch as one
-        micro-batch, which ``exact`` refuses (:meth:`check_carrier`).
+        micro-batch, which ``exact`` refuses (:meth:`check_carrier`). ``mode``: another term's aggregation
+        (the KL loss and entropy bonus use ``loss_agg_mode`` even under GSPO); default the policy term's.
         """
         if exact:
             self.check_carrier()
         rows, length = response_mask.shape
         n = response_mask.sum(-1).to(torch.float64)
-        mode, per_step, micro = self.mode, self.local_rows(rows) * self.dp, self._micro(rows)
+        mode, per_step, micro = mode or self.mode, self.local_rows(rows) * self.dp, self._micro(rows)
         out = torch.empty(rows, dtype=torch.float64)
         for idx in self.slots(rows):
             share = (len(idx) if self.dynamic_bsz else micro) / per_step  # B/(local·dp) = 1/(GA·dp)
@@ -326,6 +327,31 @@ def copies(batch: Mapping[str, Any], rows: int, traj_index: Tensor, is_copy: Any
     return first.index_select(0, key) != torch.arange(rows)
 
 
+def float32_zero_spread(values: Tensor, group: Tensor, *, eps: float = 1e-6) -> Tensor:
+    r"""float32 [R]: what verl-agent's std-normalised advantage, (x − μ̂)/(σ̂ + ε) in float32, gives the rows of
+    groups of two or more equal values x, whose exact advantage (oma's) is 0; 0 on every other row.
+
+    μ̂ and σ̂ are torch's float32 mean and sample std of the n equal values, as verl-agent computes them
+    (``torch.mean``/``torch.std`` of the group's float32 scores). Where n·x is not exact in float32, μ̂ is an
+    ulp or so off x and σ̂ of the same order (~1e-7 for x near 1), so ε = 1e-6 turns rounding into an
+    advantage of up to ±0.5: docs/verl-agent.md#float32-zero-spread. ``values``: the float32 scores (or
+    step returns) as verl-agent holds them; ``group``: int [R].
+    """
+    values = values.to(torch.float32)
+    n = int(group.max()) + 1 if len(group) else 0
+    low = torch.full((n,), float("inf")).scatter_reduce(0, group, values, reduce="amin")
+    high = torch.full((n,), float("-inf")).scatter_reduce(0, group, values, reduce="amax")
+    count = torch.zeros(n, dtype=torch.int64).index_add_(0, group, torch.ones_like(group))
+    flat = ((low == high) & (count >= 2)).index_select(0, group)
+    out = torch.zeros(len(values), dtype=torch.float32)
+    for size, x in {(int(count[g]), float(values[r])) for r, g in zip(flat.nonzero().flatten().tolist(),
+                                                                       group[flat].tolist(), strict=True)}:
+        same = torch.full((size,), x, dtype=torch.float32)
+        residue = (same[0] - same.mean()) / (same.std() + eps)
+        out[flat & (values == x) & (count.index_select(0, group) == size)] = residue
+    return out
+
+
 # ------------------------------------------------------------------------------------------ options
 
 
@@ -395,9 +421,46 @@ def _check_copies(step: hosts.HostStep) -> None:
                          "its anchor_obs and step_rewards: is_copy / row_id must mark only adjust_batch's duplicates")
 
 
+def _check_row_ids(step: hosts.HostStep, content: Tensor) -> None:
+    """Refuse copy marks set after ``adjust_batch``: its copies repeat a row token for token (prompt and
+    response), so a row that repeats an earlier row of its trajectory without being marked means that
+    ``row_id`` numbered the rows after the copies existed (every id then unique, no copy found)."""
+    key = torch.cat([step.traj_index.unsqueeze(-1), content.long()], dim=-1)
+    inverse = torch.unique(key, dim=0, return_inverse=True)[1]
+    rows = torch.arange(step.rows)
+    first = torch.full((step.rows,), step.rows).scatter_reduce(0, inverse, rows, reduce="amin")
+    unmarked = (first.index_select(0, inverse) != rows) & ~step.copies
+    if unmarked.any():
+        raise VerlAgentConfigError(
+            f"{int(unmarked.sum())} rows repeat another row of their trajectory token for token (adjust_batch's padding "
+            "copies) but row_id does not mark them: the row_id line runs after adjust_batch; put "
+            "batch.non_tensor_batch['row_id'] = np.arange(len(batch)) on the line just before "
+            "batch = adjust_batch(self.config, batch) (docs/verl-agent.md#quick-start)")
+
+
+def unaligned_metrics(step: hosts.HostStep, actor: ActorLoss, w: Tensor, coef: float) -> dict[str, float]:
+    r"""How much of the step's objective the actor's KL loss and entropy bonus keep outside Mass Alignment
+    (docs/verl-agent.md#the-whole-objective). Both terms weigh each valid token by f (``loss_agg_mode``'s
+    factor, :meth:`ActorLoss.token_factor`) times their coefficient, c in all:
+
+    * ``oma/unaligned_share``: c·Σf / (ΣW + c·Σf), their share of the per-token loss weight;
+    * ``oma/unaligned_mass_moved``: ½·Σ_τ |f-mass_τ/Σf − W-mass_τ/ΣW|, the share of their mass that lies on
+      other trajectories than Mass Alignment puts it (0: where MA would, 1: wholly elsewhere).
+
+    Left out, never NaN, when no token carries weight."""
+    f = actor.token_factor(step.response_mask, exact=False, mode=actor.loss_agg_mode).unsqueeze(-1) * step.response_mask
+    outside, inside = coef * float(f.sum()), float(w.sum())
+    if outside <= 0 or inside <= 0:
+        return {}
+    n = int(step.traj_index.max()) + 1
+    by_traj = [core.segment_sum(x.sum(-1), step.traj_index, n) for x in (f, w)]
+    moved = 0.5 * float((by_traj[0] / by_traj[0].sum() - by_traj[1] / by_traj[1].sum()).abs().sum())
+    return {"oma/unaligned_share": outside / (inside + outside), "oma/unaligned_mass_moved": moved}
+
+
 def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[str, Any] | None = None, *,
                 actor: ActorLoss | None = None, invalid_penalty: float = 0.1, is_copy: Any = None,
-                iteration: int | None = None) -> VerlAgentResult:
+                iteration: int | None = None, unaligned_coef: float = 0.0) -> VerlAgentResult:
     r"""OA and MA on one verl-agent training step, by its column names (module docstring).
 
     * **Advantages** (:func:`oma.hosts.advantages`, estimator ``grpo``, ``rloo`` or ``gigpo``). Under
@@ -414,7 +477,9 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
         batch: columns by verl-agent's names (numpy arrays, lists or tensors; string ids welcome):
             ``uid``, ``traj_uid``, ``response_mask`` [R, L]; ``token_level_rewards`` [R, L], or
             ``episode_rewards`` and ``is_action_valid``; for GiGPO ``anchor_obs`` and ``step_rewards``;
-            the copies as ``is_copy`` or ``row_id`` (:func:`copies`).
+            the copies as ``is_copy`` or ``row_id`` (:func:`copies`); ``input_ids`` [R, P + L], when
+            given, checks them (a repeated row that is not marked is refused: the patch's ``row_id``
+            line runs after ``adjust_batch``).
         options: :class:`oma.hosts.HostOptions`, or a mapping read under ``algorithm.oma``
             (γ is fixed to 0, see :func:`read_options`). ``reducer`` is the aggregation inside a
             trajectory under MA; under ``mass=native`` the actor's own aggregation stands.
@@ -422,6 +487,8 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
         invalid_penalty: ``invalid_action_penalty_coef``, used when the batch has no ``token_level_rewards``.
         is_copy: bool [R], overrides the batch's copy columns.
         iteration: the step's number, for ``dump_dir``.
+        unaligned_coef: the summed coefficients of the actor's KL loss and entropy bonus, trained outside
+            Mass Alignment (``allow_unaligned``); > 0 adds :func:`unaligned_metrics` under MA.
 
     Raises:
         ValueError: a missing or malformed column, named, and what to pass instead; a refused
@@ -434,6 +501,8 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
     factor = actor.token_factor(step.response_mask, exact=not native)
     if step.copies is not None:
         _check_copies(step)
+        if "input_ids" in batch:
+            _check_row_ids(step, _matrix(batch, "input_ids", step.rows))
     result = hosts.align(step, opts, iteration=iteration)  # the last refusal is behind us: it may write the dump
     adv = result.adv.double()
     if native:  # verl-agent's own loss, and its own advantages
@@ -442,4 +511,7 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
     else:  # hosts' k mini-batches' worth rescaled to the step's native total, R/(local·dp) of them
         w = result.weights * (step.rows / (actor.local_rows(step.rows) * actor.dp * len(step.layout)))
         token_adv = adv.unsqueeze(-1) * w / torch.where(factor > 0, factor, torch.ones_like(factor)).unsqueeze(-1)
-    return VerlAgentResult(adv, w, token_adv.to(torch.float32), hosts.metrics(step, opts, w), step.kept.logical_not())
+    metrics = hosts.metrics(step, opts, w)
+    if unaligned_coef > 0 and not native:
+        metrics.update(unaligned_metrics(step, actor, w, unaligned_coef))
+    return VerlAgentResult(adv, w, token_adv.to(torch.float32), metrics, step.kept.logical_not())
