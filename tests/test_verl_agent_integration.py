@@ -166,6 +166,28 @@ def test_oa_advantages_are_oma_cores_without_the_copies(seed, estimator):
     assert r.is_copy.sum() == batch["copies_added"] == r.metrics["oma/padding_copies"]
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "grpo-no-std", "rloo", "gigpo-mean_norm", "gigpo-mean_std_norm"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_oa_advantages_equal_an_independent_loop(seed, estimator):
+    batch = sim.simulate(seed)
+    opts = VERL_AGENT[estimator][0]
+    r = align_batch(columns(batch), {**opts, "accounting": "trajectory"})
+    want = sim.outcome_aligned(batch, opts["estimator"], std=opts.get("norm_by_std", opts["estimator"] != "gigpo"))
+    assert r.adv.numpy() == pytest.approx(want, abs=1e-9)
+
+
+@pytest.mark.parametrize("mass", ["uniform", "group"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_each_trajectorys_mass_equals_an_independent_loop(seed, layout, mass):
+    batch = sim.simulate(seed)
+    lay = LAYOUTS[layout]
+    r = align_batch(columns(batch), {"mass": mass}, actor=actor(lay))
+    total = len(batch["score"]) / (lay["mini_rows"] // lay["dp"] * lay["dp"])  # the step's native total
+    got, want = per_trajectory(batch["traj_uid"], r.weights.sum(-1)), sim.trajectory_mass(batch, mass, total)
+    assert got.keys() == want.keys() and all(got[t] == pytest.approx(want[t], rel=1e-9) for t in want)
+
+
 # ---- by hand ------------------------------------------------------------------------------------
 
 # u1: episode A wins in 2 steps, episode B fails in 1 with an invalid action; u2: C wins in 1, D fails in 2.

@@ -121,6 +121,56 @@ def rloo(batch: dict[str, np.ndarray]) -> np.ndarray:
     return out
 
 
+def _outcome_normalise(outcomes: dict, std: bool, rloo: bool = False) -> dict:
+    """OA's group statistics over members {key: (group, value)}: each member once; a group of one member or
+    of equal values gives 0 (its spread holds no comparison)."""
+    by_group: dict[object, list] = {}
+    for key, (g, v) in outcomes.items():
+        by_group.setdefault(g, []).append((key, v))
+    out = {}
+    for members in by_group.values():
+        values = np.asarray([v for _, v in members])
+        n = len(values)
+        for key, v in members:
+            if n < 2 or values.max() == values.min():
+                out[key] = 0.0
+            elif rloo:
+                out[key] = n / (n - 1) * (v - values.mean())
+            else:
+                out[key] = (v - values.mean()) / (np.std(values, ddof=1) + EPS) if std else v - values.mean()
+    return out
+
+
+def outcome_aligned(batch: dict[str, np.ndarray], estimator: str, *, std: bool = True, w: float = 1.0) -> np.ndarray:
+    """OA on the batch by loops: the copies left out, each episode's outcome (the mean of its rows' scores)
+    counted once in its ``uid``; GiGPO's step term over the rows of a ``uid`` in one ``anchor_obs``; a copy
+    takes its original's advantage (``row_id``)."""
+    keep = ~batch["is_copy"]
+    rows: dict[object, list[float]] = {}
+    for t, s in zip(batch["traj_uid"][keep], batch["score"][keep], strict=True):
+        rows.setdefault(t, []).append(float(s))
+    uid_of = dict(zip(batch["traj_uid"], batch["uid"], strict=True))
+    episode = _outcome_normalise({t: (uid_of[t], float(np.mean(v))) for t, v in rows.items()}, std, estimator == "rloo")
+    adv = {r: episode[t] for r, t, k in zip(batch["row_id"], batch["traj_uid"], keep, strict=True) if k}
+    if estimator == "gigpo":
+        step = _outcome_normalise({r: ((u, a), float(g)) for r, u, a, g, k in zip(
+            batch["row_id"], batch["uid"], batch["anchor_obs"], batch["step_rewards"], keep, strict=True) if k}, std)
+        adv = {r: a + w * step[r] for r, a in adv.items()}
+    return np.asarray([adv[r] for r in batch["row_id"]])
+
+
+def trajectory_mass(batch: dict[str, np.ndarray], mass: str, total: float) -> dict:
+    """MA by loops: the step's ``total`` weight split equally over the episodes (``uniform``), or equally over
+    the ``uid`` groups and then over each group's episodes (``group``); copies carry none."""
+    keep = ~batch["is_copy"]
+    episodes: dict[object, set] = {}
+    for u, t in zip(batch["uid"][keep], batch["traj_uid"][keep], strict=True):
+        episodes.setdefault(u, set()).add(t)
+    count = sum(len(ts) for ts in episodes.values())
+    return {t: total / count if mass == "uniform" else total / len(episodes) / len(ts)
+            for ts in episodes.values() for t in ts}
+
+
 def tensors(batch: dict[str, np.ndarray], width: int = 32) -> dict[str, np.ndarray]:
     """The batch's ``response_mask`` [R, width] (``response_tokens`` valid tokens, then padding) and
     ``token_level_rewards`` [R, width]: the reward manager puts ``episode_rewards`` on the last valid
