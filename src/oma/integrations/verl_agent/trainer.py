@@ -192,7 +192,7 @@ def compute_advantage(data: Any, config: Any, metrics: MutableMapping[str, Any] 
     columns: dict[str, Any] = {k: non_tensors[k] for k in NON_TENSOR_COLUMNS if k in non_tensors}
     columns.update({k: tensors[k] for k in TENSOR_COLUMNS if k in tensors.keys()})
     result = align_batch(columns, setup.options, actor=setup.actor, invalid_penalty=setup.invalid_penalty,
-                         iteration=iteration, unaligned_coef=sum(c for _, c in setup.unaligned))
+                         iteration=iteration, unaligned_coef=sum(abs(c) for _, c in setup.unaligned))
     mask = tensors["response_mask"]
     tensors["advantages"] = result.advantages.to(mask.device)
     tensors["returns"] = (result.adv.unsqueeze(-1) * mask.detach().cpu()).to(torch.float32).to(mask.device)
