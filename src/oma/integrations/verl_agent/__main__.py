@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dp", type=int, default=1, help="the actor's data-parallel ranks")
     p.add_argument("--loss-agg-mode", choices=AGG_MODES, default="token-mean")
     p = sub.add_parser("check-install", help="oma's hook against a verl-agent checkout's own code "
-                       "(docs/verl-agent.md)")
+                       "(docs/verl-agent.md#checked-against-verl-agents-own-code)")
     p.add_argument("path", nargs="?", help="a verl-agent checkout (default: the installed verl's parent, if agent_system "
                    "is beside it)")
     p.add_argument("--seed", type=int, default=0, help="the synthetic batch's seed")

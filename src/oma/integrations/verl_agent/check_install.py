@@ -1,5 +1,5 @@
 r"""``python -m oma.integrations.verl_agent check-install [PATH]``: oma's verl-agent hook checked against
-verl-agent's own code (docs/verl-agent.md).
+verl-agent's own code (docs/verl-agent.md#checked-against-verl-agents-own-code).
 
 PATH is a verl-agent checkout, the folder that holds ``verl/``, ``gigpo/`` and ``agent_system/``; without
 it, the parent of the installed ``verl`` package when ``agent_system`` sits beside it. The check imports
@@ -71,7 +71,8 @@ GROUPS, EPISODES, PROMPT, RESPONSE = 6, 4, 8, 16
 """The synthetic batch: uids, ``rollout.n`` (the uids have 3 to 5 episodes), padded prompt and response lengths."""
 PENALTY, GAMMA = 0.125, 0.5
 """``invalid_action_penalty_coef`` and ``algorithm.gamma``: with rewards 0 and 1 every score and step return
-is a dyadic fraction, exact in float32, so no group mean is inexact (module docstring of the docs section)."""
+is a dyadic fraction, exact in float32, so no group mean is inexact and verl-agent's float32 zero-spread
+artefact (a nonzero advantage for a group of equal scores whose float32 mean is inexact) cannot arise."""
 
 
 class CheckoutError(Exception):
