@@ -122,7 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--micro-batch-rows", type=int, help="ppo_micro_batch_size_per_gpu")
     p.add_argument("--dp", type=int, default=1, help="the actor's data-parallel ranks")
     p.add_argument("--loss-agg-mode", choices=AGG_MODES, default="token-mean")
+    p = sub.add_parser("check-install", help="oma's hook against a verl-agent checkout's own code "
+                       "(docs/verl-agent.md#checked-against-verl-agents-own-code)")
+    p.add_argument("path", nargs="?", help="a verl-agent checkout (default: the installed verl's parent, if agent_system "
+                   "is beside it)")
+    p.add_argument("--seed", type=int, default=0, help="the synthetic batch's seed")
     args = parser.parse_args(argv)
+    if args.command == "check-install":
+        from oma.integrations.verl_agent.check_install import main as check_install  # imports the checkout only now
+
+        return check_install(args.path, seed=args.seed, prog=parser.prog)
     try:
         actor = ActorLoss(mini_batch_rows=args.mini_batch_rows, micro_batch_rows=args.micro_batch_rows, dp=args.dp,
                           loss_agg_mode=args.loss_agg_mode)
