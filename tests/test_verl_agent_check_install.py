@@ -86,7 +86,7 @@ def test_the_fake_checkout_passes_and_nothing_of_it_stays(tmp_path, capsys):
     code, out, err = run(capsys, str(root))
     assert code == 0, out + err
     rows = table(out)
-    assert len(rows) == 14 and all(cells[3] == "pass" for cells in rows.values()), out
+    assert len(rows) == 17 and all(cells[3] == "pass" for cells in rows.values()), out
     assert rows["invalid-action penalty | row scores, |Δ|"][0] == "A B C"
     assert [k.split(" | ")[0] for k in rows if "advantages" in k] == [
         "grpo, norm_adv_by_std_in_grpo=True", "grpo, norm_adv_by_std_in_grpo=False", "rloo", "gigpo, mode=mean_norm",
@@ -96,12 +96,23 @@ def test_the_fake_checkout_passes_and_nothing_of_it_stays(tmp_path, capsys):
                      "seq-mean-token-sum-norm": "A B C", "gspo (seq-mean-token-mean)": "A B C D"}
     assert "ray (no cluster" in out and "oma_fake_checkout_missing_dependency (not installed)" in out
     assert "oma's minimal stand-in for ppo_trainer.yaml" in out and "is unpatched" in out
-    assert out.splitlines()[-1] == "14 of 14 checks pass"
+    refused = {k.split(" | ")[0]: cells[1] for k, cells in rows.items() if "refuses" in k}
+    assert refused == {"row_id after adjust_batch": "refused", "use_kl_loss=True, kl_loss_coef=0.01": "refused",
+                       "entropy_coeff=0.001 (the checkout's default)": "refused"}
+    assert out.splitlines()[-1] == "17 of 17 checks pass"
     # nothing leaks: sys.path, the modules (the checkout's, the stubs), numpy's global generator
     assert sys.path == path and sys.modules.get("verl") is verl and sys.modules.get("ray") is ray
     assert "oma_fake_checkout_missing_dependency" not in sys.modules
     assert not [k for k, m in sys.modules.items() if str(getattr(m, "__file__", "") or "").startswith(str(root))]
     assert (np.random.get_state()[1] == state).all()
+
+
+def test_a_hook_that_misses_the_misplaced_row_id_fails(tmp_path, capsys, monkeypatch):
+    import oma.integrations.verl_agent.batch as batch_module
+    monkeypatch.setattr(batch_module, "_check_row_ids", lambda step, content: None)
+    code, out, _ = run(capsys, str(checkout(tmp_path)))
+    assert code == 1 and out.splitlines()[-1] == "16 of 17 checks pass; 1 FAIL"
+    assert table(out)["row_id after adjust_batch | the hook refuses"][1:] == ["accepted", "-", "FAIL", "not refused"]
 
 
 def test_a_wrong_advantage_fails(tmp_path, capsys):
@@ -111,7 +122,7 @@ def test_a_wrong_advantage_fails(tmp_path, capsys):
     rows = table(out)
     failed = [k for k, cells in rows.items() if cells[3] == "FAIL"]
     assert failed == ["grpo, norm_adv_by_std_in_grpo=True | advantages, |Δ|"], out
-    assert float(rows[failed[0]][1]) > 0.1 and out.splitlines()[-1] == "13 of 14 checks pass; 1 FAIL"
+    assert float(rows[failed[0]][1]) > 0.1 and out.splitlines()[-1] == "16 of 17 checks pass; 1 FAIL"
 
 
 def test_an_actor_that_scales_otherwise_fails(tmp_path, capsys):

@@ -554,14 +554,18 @@ def base_config(root: Path) -> tuple[Any, str]:
     return OmegaConf.create(MINIMAL_CONFIG), "oma's minimal stand-in for ppo_trainer.yaml (the checkout has none)"
 
 
-def pipeline(checkout: Checkout, ro: Rollout, cfg: Any, layout: Layout, seed: int) -> Any:
-    """``RayPPOTrainer.fit`` from the rollout to ``compute_advantage``, with the patch's ``row_id`` line."""
+def pipeline(checkout: Checkout, ro: Rollout, cfg: Any, layout: Layout, seed: int, *, row_id_late: bool = False) -> Any:
+    """``RayPPOTrainer.fit`` from the rollout to ``compute_advantage``, with the patch's ``row_id`` line (after
+    ``adjust_batch`` with ``row_id_late``, the misplaced patch the hook must refuse)."""
     np.random.seed(seed)  # adjust_batch picks its copies with numpy's global generator
     batch = proto(checkout, ro)
     with _quiet():
         batch.batch["step_rewards"] = checkout.step_returns(batch=batch, gamma=cfg.algorithm.gamma)
-        batch.non_tensor_batch["row_id"] = np.arange(len(batch))
+        if not row_id_late:
+            batch.non_tensor_batch["row_id"] = np.arange(len(batch))
         batch = checkout.adjust_batch(cfg, batch)
+        if row_id_late:
+            batch.non_tensor_batch["row_id"] = np.arange(len(batch))
         batch.batch["response_mask"] = checkout.compute_response_mask(batch)
         batch.reorder(torch.as_tensor(np.random.default_rng(seed).permutation(len(batch))))
         checkout.balance_batch(batch, layout.dp)
@@ -597,6 +601,34 @@ def compare_advantages(checkout: Checkout, batch: Any, cfg: Any) -> float:
     compute_advantage(ours, cfg, {})
     mask = batch.batch["response_mask"].bool()
     return float((theirs.batch["advantages"].double() - ours.batch["advantages"].double()).abs()[mask].max())
+
+
+def refusals(checkout: Checkout, base: Any, ro: Rollout, seed: int) -> list[Row]:
+    """What oma must refuse on this checkout: the ``row_id`` line placed after its own ``adjust_batch``, and,
+    under Mass Alignment, the recipes' KL loss and the entropy bonus at the checkout's default coefficient."""
+    from oma.integrations.verl_agent import check_config, compute_advantage
+    from oma.integrations.verl_agent.batch import VerlAgentConfigError
+
+    layout, ma = LAYOUTS[0], {"accounting": "trajectory", "mass": "uniform"}
+    gigpo = {"adv_estimator": "gigpo", "gigpo.mode": "mean_std_norm"}  # the ALFWorld recipe's
+    late = pipeline(checkout, ro, config(base, layout), layout, seed, row_id_late=True)
+    entropy = {"entropy_coeff": base.actor_rollout_ref.actor.get("entropy_coeff", 0.0)}
+    cases = [("row_id after adjust_batch", "the hook refuses",
+              lambda: compute_advantage(late, config(base, layout, gigpo, ma), {}), "the row_id line runs after adjust_batch"),
+             ("use_kl_loss=True, kl_loss_coef=0.01", "check_config refuses under MA",
+              lambda: check_config(config(base, layout, gigpo, ma, {"use_kl_loss": True, "kl_loss_coef": 0.01})),
+              "use_kl_loss=True"),
+             (f"entropy_coeff={entropy['entropy_coeff']} (the checkout's default)", "check_config refuses under MA",
+              lambda: check_config(config(base, layout, gigpo, ma, entropy)), "entropy_coeff=")]
+    rows = []
+    for what, compared, call, expected in cases:
+        try:
+            call()
+            detail, ok = "not refused", False
+        except VerlAgentConfigError as exc:
+            detail, ok = ("" if expected in str(exc) else f"refused for another reason: {exc}"), expected in str(exc)
+        rows.append(Row(what, compared, layout.name, "refused" if detail != "not refused" else "accepted", None, ok, detail))
+    return rows
 
 
 def compare_scores(batch: Any) -> float:
@@ -891,6 +923,9 @@ def run(path: str | Path | None, *, seed: int = 0, out: Any = None) -> int:
               "log-probabilities; optimizer step and device replaced; the ranks in turn on DataProto.chunk) vs "
               "Σ W·ℓ(A), ℓ verl-agent's own policy loss on each row alone: worst relative deviation of the loss "
               "summed over the optimizer steps, and of its gradient",
+              "refusals: oma's hook (gigpo, trajectory + uniform) on the batch of verl-agent's own adjust_batch with "
+              "the row_id line after it; check_config under MA with the recipes' KL loss and with the checkout's "
+              "default entropy_coeff",
               f"patch: {fit_state}"]
     lines = [_wrap(note) for note in notes] + [""]
     lines += table(rows)
@@ -935,7 +970,7 @@ def _compare(checkout: Checkout, base: Any, ro: Rollout, seed: int) -> tuple[lis
                     for layout in used for oma in MASSES)
         rows.append(Row(label, "actor loss and gradient, relative", " ".join(x.name for x in used), worst, LOSS_TOL,
                         worst <= LOSS_TOL))
-    return head, rows
+    return head, rows + refusals(checkout, base, ro, seed)
 
 
 def main(path: str | None, *, seed: int = 0, prog: str = "python -m oma.integrations.verl_agent") -> int:
