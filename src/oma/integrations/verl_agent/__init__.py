@@ -10,7 +10,9 @@ verl-agent is not on PyPI and has no estimator registry, so oma plugs in through
 * :mod:`oma.integrations.verl_agent.trainer`: :func:`check_config` and :func:`compute_advantage`,
   what the patch calls;
 * ``python -m oma.integrations.verl_agent check BATCH``: a dumped batch's per-trajectory advantages
-  and mass under both accountings.
+  and mass under both accountings;
+* ``python -m oma.integrations.verl_agent check-install [PATH]``: the hook against a verl-agent
+  checkout's own code (:mod:`oma.integrations.verl_agent.check_install`).
 """
 
 from oma.integrations.verl_agent.batch import ActorLoss, VerlAgentConfigError, VerlAgentResult, align_batch
