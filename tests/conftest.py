@@ -29,6 +29,7 @@ VERL_MODULES = [
     "test_verl_trainer.py",
     "test_verl_plugin.py",
     "test_verl_cpu.py",
+    "test_verl_private.py",
 ]
 
 collect_ignore = []
