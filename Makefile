@@ -1,4 +1,4 @@
-# The two set-up commands of the README. Both create .venv on first use; `make test` also .venv-skyrl.
+# The two set-up commands of the README. Both create .venv on first use; `make test` also .venv-skyrl and .venv-py310.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,6 +7,11 @@ BIN := $(VENV)/bin
 # pyenv's 3.12 when present (its shim answers only where 3.12 is the active version), else python3.12.
 PY312 ?= $(firstword $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.12*/bin/python3.12) python3.12)
 SKYRL_BIN := .venv-skyrl/bin
+# verl-agent's WebShop environment needs Python 3.10: oma's core, hosts, verl-agent integration and audit are tested
+# there in a third environment, with only what they import (oma itself --no-deps, so no transformers). No CPU wheel of
+# torch for 3.10 lies on disk either, so that one too is PyPI's CUDA build.
+PY310 ?= $(firstword $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/3.10*/bin/python3.10) python3.10)
+PY310_BIN := .venv-py310/bin
 # CPU wheel of torch lies on local disk here; pinning it first keeps pip from pulling a CUDA build.
 TORCH_PIN := torch==2.13.0
 
@@ -26,13 +31,24 @@ $(SKYRL_BIN)/oma-installed: pyproject.toml
 	$(SKYRL_BIN)/pip install -q -e ".[dev,skyrl]" "$(TORCH_PIN)"
 	touch $@
 
-.PHONY: install test train
-install: $(BIN)/oma-installed $(SKYRL_BIN)/oma-installed
+# The versions' floors are pyproject.toml's; rich and matplotlib because `oma audit` prints tables and draws PNGs.
+$(PY310_BIN)/oma-installed: pyproject.toml
+	@$(PY310) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null || { echo "make: no Python 3.10 at '$(PY310)'; the 3.10 tests need one (make PY310=/path/to/python3.10)"; exit 1; }
+	$(PY310) -m venv .venv-py310
+	$(PY310_BIN)/pip install -q --upgrade pip
+	$(PY310_BIN)/pip install -q "$(TORCH_PIN)" "numpy>=1.26" "pyarrow>=15" "omegaconf>=2.3" "rich>=13" "matplotlib>=3.8" "pytest>=8" "hypothesis>=6.100"
+	$(PY310_BIN)/pip install -q --no-deps -e .
+	touch $@
 
-# Two environments: the main suite, then the tests against SkyRL itself (tests/with_skyrl).
+.PHONY: install test train
+install: $(BIN)/oma-installed $(SKYRL_BIN)/oma-installed $(PY310_BIN)/oma-installed
+
+# Three environments: the main suite, the tests against SkyRL itself (tests/with_skyrl), then on Python 3.10 the
+# test files that tests/conftest.py's PY310_MODULES names (what the 3.10 parts must pass there).
 test: install
 	OMA_TESTS_NEED_VERL=1 $(BIN)/python -m pytest -q --hypothesis-profile=ci
 	OMA_TESTS_NEED_SKYRL=1 $(SKYRL_BIN)/python -m pytest -q --hypothesis-profile=ci tests/with_skyrl
+	OMA_TESTS_PY310=1 $(PY310_BIN)/python -m pytest -q --hypothesis-profile=ci
 
 # The default job (`oma train` with no arguments = configs/household-gigpo-oma.yaml): household, GiGPO with
 # OA + MA, tiny model, warm start included (cached after the first run).

@@ -5,10 +5,17 @@ Without verl they are left out of collection (a `pip install -e ".[dev]"` user g
 suite, including oma's verl-free integration tests in test_verl_oma_side.py). `make test`, the
 command CI runs, sets OMA_TESTS_NEED_VERL=1, so there a missing verl is an error, never a quiet
 omission; it runs tests/with_skyrl in .venv-skyrl with OMA_TESTS_NEED_SKYRL=1, the same way.
+
+On Python 3.10 (verl-agent's WebShop needs it) `make test` runs PY310_MODULES in .venv-py310, which holds only
+what oma's core, hosts, verl-agent integration and audit import (no transformers, no verl). OMA_TESTS_PY310=1
+says so: exactly those files are collected, and an interpreter other than 3.10 or a listed file that is gone is
+an error, so that line cannot pass by running something else or nothing.
 """
 
 import importlib.util
 import os
+import sys
+from pathlib import Path
 
 from hypothesis import settings
 
@@ -29,9 +36,40 @@ VERL_MODULES = [
     "test_verl_trainer.py",
     "test_verl_plugin.py",
     "test_verl_cpu.py",
+    "test_verl_private.py",
+]
+
+# The test files of the 3.10 line: the verl-agent integration and its audit, the core, the hosts and the rest of
+# the audit, all of which import nothing beyond torch, numpy, pyarrow, omegaconf, rich and matplotlib.
+# (test_files.py is not here: it imports oma.train, which needs safetensors and transformers.)
+PY310_MODULES = [
+    "test_verl_agent_integration.py",
+    "test_audit_verl_agent.py",
+    "test_core_by_hand.py",
+    "test_core_equivalence.py",
+    "test_core_errors.py",
+    "test_core_invariance.py",
+    "test_hosts.py",
+    "test_audit_defects.py",
+    "test_audit_hostile.py",
+    "test_audit_io.py",
+    "test_audit_math.py",
+    "test_audit_run_dir.py",
+    "test_audit_scale.py",
+    "test_audit_worked_example.py",
 ]
 
 collect_ignore = []
+if os.environ.get("OMA_TESTS_PY310"):
+    if sys.version_info[:2] != (3, 10):
+        raise RuntimeError(f"OMA_TESTS_PY310 is set but this is Python {sys.version.split()[0]}: "
+                           "run it with .venv-py310/bin/python (make test builds it)")
+    here = Path(__file__).parent
+    missing = [name for name in PY310_MODULES if not (here / name).is_file()]
+    if missing:
+        raise RuntimeError(f"OMA_TESTS_PY310: tests/conftest.py's PY310_MODULES names files that are gone: {missing}")
+    collect_ignore += sorted(p.name for p in here.iterdir()
+                             if p.name not in PY310_MODULES and (p.is_dir() or p.name.startswith("test_")))
 if importlib.util.find_spec("verl") is None:
     if os.environ.get("OMA_TESTS_NEED_VERL"):
         raise RuntimeError("OMA_TESTS_NEED_VERL is set but verl is not installed: pip install -e '.[verl]'")

@@ -39,7 +39,7 @@ def test_the_profiles_keep_the_suites_sizes():
 def test_make_test_runs_every_pytest_with_the_ci_profile():
     recipe = MAKEFILE.read_text().split("\ntest: install\n")[1].split("\n\n")[0]
     pytest_lines = [line for line in recipe.splitlines() if "-m pytest" in line]
-    assert len(pytest_lines) == 2 and all("--hypothesis-profile=ci" in line for line in pytest_lines)
+    assert len(pytest_lines) == 3 and all("--hypothesis-profile=ci" in line for line in pytest_lines)
 
 
 def test_the_profiles_do_not_depend_on_a_ci_variable():

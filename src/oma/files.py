@@ -59,8 +59,12 @@ def atomic_write_text(path: Path, text: str) -> None:
 def sha256_file(path: Path) -> str:
     """The SHA-256 of a file's bytes, as a checkpoint's ``state.json`` records each of its tensor files' (read
     in chunks: a model's weights can be gigabytes)."""
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        # by hand rather than hashlib.file_digest, which is Python >= 3.11 (this module runs on 3.10 too)
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def read_json_object(path: str | os.PathLike) -> dict:

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides, machine_info, read_compare_json,
                                   run_config, run_key, run_state, run_summary)
@@ -74,7 +74,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -197,7 +197,7 @@ class _Journal:
             except OSError:  # a full disk: the next beat tries again, and the main thread's own writes report it
                 pass
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> _Journal:
         with self.edit():
             pass
         self.thread.start()

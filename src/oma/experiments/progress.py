@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 
 
@@ -40,7 +40,7 @@ class _Display:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> _Display:
         self.progress.__enter__()
         self.thread.start()
         return self
