@@ -45,6 +45,7 @@ VERL_MODULES = [
 PY310_MODULES = [
     "test_verl_agent_integration.py",
     "test_audit_verl_agent.py",
+    "test_verl_agent_check_install.py",
     "test_core_by_hand.py",
     "test_core_equivalence.py",
     "test_core_errors.py",
