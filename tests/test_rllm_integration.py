@@ -293,3 +293,32 @@ def test_check_config_refuses_other_verl():
     """The installed verl here is 0.9.1; rLLM's commit pins 0.8.0."""
     with pytest.raises(ValueError, match="supports verl 0.8.x"):
         check_config({"rllm": {"algorithm": {"oma": {}}}})
+
+
+def test_check_config_refuses_unaligned_terms(monkeypatch):
+    """Under Mass Alignment the KL loss and the entropy bonus would keep rLLM's row mass: refused by key."""
+    monkeypatch.setattr("oma.hosts.require_version", lambda *a: None)
+    for actor, key in (({"use_kl_loss": True}, "use_kl_loss must be false"), ({"entropy_coeff": 0.01}, "entropy_coeff must be 0")):
+        with pytest.raises(RllmConfigError, match=rf"actor_rollout_ref\.actor\.{key}"):
+            check_config({"actor_rollout_ref": {"actor": actor}, "rllm": {"algorithm": {"oma": {"mass": "uniform"}}}})
+        check_config({"actor_rollout_ref": {"actor": actor}, "rllm": {"algorithm": {"oma": {"mass": "native"}}}})
+
+
+def test_layout_without_padding_meta():
+    """trainer.balance_batch=false: rLLM stashes no sizes; both are ppo_mini_batch_size × rollout.n."""
+    from oma.integrations.rllm.backend import actor_for, default_mini_batch_rows
+
+    rows = default_mini_batch_rows({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 2}, "rollout": {"n": 4}}})
+    assert rows == 8
+    actor = actor_for({}, ActorLoss(), dp=2, default_rows=rows)
+    assert (actor.mini_batch_rows, actor.global_batch_size, actor.dp) == (8, 8, 2)
+    actor = actor_for({"rllm_actor_mini_batch_size": 6, "rllm_actor_global_batch_size": 3}, ActorLoss(), dp=2, default_rows=rows)
+    assert (actor.mini_batch_rows, actor.global_batch_size) == (6, 3)
+
+
+def test_check_install_refuses_a_non_checkout(tmp_path, capsys):
+    from oma.integrations.rllm.__main__ import main
+
+    assert main(["check-install", str(tmp_path)]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "not an rLLM checkout: expected rllm/trainer/verl/transform.py" in out[0]

@@ -40,14 +40,30 @@ def check_config(config: Any) -> tuple[hosts.HostOptions, ActorLoss]:
         raise RllmConfigError("rllm.algorithm.stepwise_advantage_mode must be 'broadcast', rLLM's only mode in the unified trainer")
     raw = _get(config, PREFIX)
     opts = read_options(dict(raw.items()) if raw is not None else None, actor)
+    if opts.mass != "native":
+        # these terms do not scale with A, so the carrier A·W/f cannot reach them: they would keep rLLM's row mass
+        if bool(_get(actor_cfg, "use_kl_loss", False)):
+            raise RllmConfigError("actor_rollout_ref.actor.use_kl_loss must be false under Mass Alignment: verl adds the "
+                                  "KL loss by loss_agg_mode per row, which the advantages cannot reweigh (rLLM's default is false)")
+        if float(_get(actor_cfg, "entropy_coeff", 0.0) or 0.0) != 0.0:
+            raise RllmConfigError("actor_rollout_ref.actor.entropy_coeff must be 0 under Mass Alignment: verl adds the "
+                                  "entropy bonus by loss_agg_mode per row, which the advantages cannot reweigh (rLLM's default is 0)")
     return opts, actor
 
 
-def actor_for(batch_meta: dict, actor: ActorLoss, dp: int) -> ActorLoss:
+def default_mini_batch_rows(config: Any) -> int | None:
+    """rLLM's fallback when the batch was not padded (``trainer.balance_batch=false``): both the mini-batch rows
+    and the seq-mean denominator are ``ppo_mini_batch_size × rollout.n``."""
+    mbs, n = _get(config, "actor_rollout_ref.actor.ppo_mini_batch_size"), _get(config, "actor_rollout_ref.rollout.n")
+    return int(mbs) * int(n) if mbs is not None and n is not None else None
+
+
+def actor_for(batch_meta: dict, actor: ActorLoss, dp: int, default_rows: int | None) -> ActorLoss:
     """The actor's layout on one batch: rLLM stashes the mini-batch rows and the seq-mean denominator in
-    ``meta_info`` when it pads the batch (``_pad_dataproto_to_world_size``)."""
-    return ActorLoss(mini_batch_rows=batch_meta.get("rllm_actor_mini_batch_size"),
-                     global_batch_size=batch_meta.get("rllm_actor_global_batch_size"), dp=dp,
+    ``meta_info`` when it pads the batch (``_pad_dataproto_to_world_size``), else both are ``default_rows``
+    (:func:`default_mini_batch_rows`), as ``_update_actor_with_loss_routing`` reads them."""
+    return ActorLoss(mini_batch_rows=batch_meta.get("rllm_actor_mini_batch_size", default_rows),
+                     global_batch_size=batch_meta.get("rllm_actor_global_batch_size", default_rows), dp=dp,
                      loss_agg_mode=actor.loss_agg_mode, loss_mode=actor.loss_mode,
                      loss_scale_factor=actor.loss_scale_factor, shuffle=actor.shuffle)
 
@@ -67,7 +83,8 @@ def backend_class() -> type:
             batch = trainer_state.backend_batch
             columns = {**batch.non_tensor_batch, **{k: batch.batch[k] for k in
                                                     ("response_mask", "advantages", "traj_rewards")}}
-            actor = actor_for(batch.meta_info, self.oma_actor, self._get_dp_size(self.actor_rollout_wg, "actor"))
+            actor = actor_for(batch.meta_info, self.oma_actor, self._get_dp_size(self.actor_rollout_wg, "actor"),
+                              default_mini_batch_rows(self.config))
             result = align_batch(columns, self.oma_options, actor=actor, iteration=trainer_state.global_step)
             batch.batch["advantages"] = result.advantages.to(batch.batch["advantages"].device)
             trainer_state.metrics.update(result.metrics)

@@ -267,10 +267,12 @@ class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 @contextlib.contextmanager
-def _isolated(root: Path) -> Iterator[_Stubs]:
-    """The checkout first on ``sys.path``, ``ray`` stubbed; everything as it was afterwards."""
+def _isolated(root: Path, own: tuple[str, ...] = OWN) -> Iterator[_Stubs]:
+    """The checkout first on ``sys.path``, ``ray`` stubbed; everything as it was afterwards. ``own``: the
+    top-level packages the checkout holds (imported ones are set aside, never stubbed); the rLLM check
+    passes its own."""
     saved_path, saved_meta = list(sys.path), list(sys.meta_path)
-    stash = {k: sys.modules.pop(k) for k in list(sys.modules) if k.partition(".")[0] in OWN}
+    stash = {k: sys.modules.pop(k) for k in list(sys.modules) if k.partition(".")[0] in own}
     rng = (np.random.get_state(), torch.get_rng_state(), random.getstate())
     root_logger = logging.getLogger()
     logger_state = (root_logger.level, list(root_logger.handlers))
@@ -287,7 +289,7 @@ def _isolated(root: Path) -> Iterator[_Stubs]:
         for key in list(sys.modules):
             top = key.partition(".")[0]
             origin = getattr(sys.modules[key], "__file__", None) or ""
-            if top in OWN or top in stubs.names or origin.startswith(str(root)):
+            if top in own or top in stubs.names or origin.startswith(str(root)):
                 del sys.modules[key]
         sys.modules.update(stash)
         np.random.set_state(rng[0])
@@ -304,7 +306,7 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def _import(name: str, stubs: _Stubs) -> types.ModuleType:
+def _import(name: str, stubs: _Stubs, own: tuple[str, ...] = OWN) -> types.ModuleType:
     """``name`` from the checkout, stubbing each module outside it that its imports need but cannot get."""
     for _ in range(64):
         try:
@@ -312,7 +314,7 @@ def _import(name: str, stubs: _Stubs) -> types.ModuleType:
                 return importlib.import_module(name)
         except ImportError as exc:
             top = (exc.name or "").partition(".")[0]
-            if not top or top in OWN or top in stubs.names:
+            if not top or top in own or top in stubs.names:
                 raise CheckoutError(f"cannot import {name} from the checkout: {_line(exc)}") from None
             stubs.add(top, "not installed" if isinstance(exc, ModuleNotFoundError) else f"fails to import: {_line(exc)}")
         except Exception as exc:  # noqa: BLE001 - anything the checkout raises on import is reported in one line
