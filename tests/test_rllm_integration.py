@@ -322,3 +322,45 @@ def test_check_install_refuses_a_non_checkout(tmp_path, capsys):
     assert main(["check-install", str(tmp_path)]) == 2
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "not an rLLM checkout: expected rllm/trainer/verl/transform.py" in out[0]
+
+
+def test_backend_wiring(monkeypatch):
+    """backend_class() subclasses rLLM's VerlBackend (a stand-in module here): its compute_advantages runs
+    rLLM's own first, then writes A·W/f into the batch and the oma/* metrics, with the layout from meta_info."""
+    import asyncio
+    import sys
+    import types
+
+    from oma.integrations.rllm.backend import backend_class
+
+    eps = episodes(seed=9)
+    batch = rllm_batch(eps, 6)
+    rllm_adv = batch.pop("advantages")
+
+    class VerlBackend:  # what the hook relies on: config, compute_advantages, _get_dp_size, actor_rollout_wg
+        def __init__(self, config, **kwargs):
+            self.config, self.actor_rollout_wg = config, None
+
+        async def compute_advantages(self, trainer_state, algorithm_config, **kwargs):
+            trainer_state.backend_batch.batch["advantages"] = rllm_adv.clone()
+
+        def _get_dp_size(self, worker_group, mesh_name):
+            return 2
+
+    module = types.ModuleType("rllm.trainer.verl.verl_backend")
+    module.VerlBackend = VerlBackend
+    monkeypatch.setitem(sys.modules, "rllm.trainer.verl.verl_backend", module)
+    monkeypatch.setattr("oma.hosts.require_version", lambda *a: None)
+    config = {"actor_rollout_ref": {"actor": {"loss_agg_mode": "seq-mean-token-mean"}},
+              "rllm": {"algorithm": {"oma": {"mass": "uniform"}}}}
+    backend = backend_class()(config)
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    proto = types.SimpleNamespace(batch=tensors, meta_info={"rllm_actor_mini_batch_size": 6, "rllm_actor_global_batch_size": 9},
+                                  non_tensor_batch={k: np.asarray(v, dtype=object) for k, v in batch.items() if k not in tensors})
+    state = types.SimpleNamespace(backend_batch=proto, metrics={}, global_step=1)
+    asyncio.run(backend.compute_advantages(state, None))
+    expected = align_batch({**batch, "advantages": rllm_adv}, {"mass": "uniform"},
+                           actor=ActorLoss(mini_batch_rows=6, global_batch_size=9, dp=2, loss_agg_mode="seq-mean-token-mean"))
+    torch.testing.assert_close(proto.batch["advantages"], expected.advantages)
+    assert not torch.equal(proto.batch["advantages"], rllm_adv)
+    assert state.metrics["oma/trajectories"] == 9.0

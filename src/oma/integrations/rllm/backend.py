@@ -74,6 +74,8 @@ def backend_class() -> type:
     from rllm.trainer.verl.verl_backend import VerlBackend  # rLLM and verl only now
 
     class OmaVerlBackend(VerlBackend):
+        _oma = True
+
         def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
             self.oma_options, self.oma_actor = check_config(config)  # before any worker starts
             super().__init__(config, *args, **kwargs)
@@ -90,3 +92,13 @@ def backend_class() -> type:
             trainer_state.metrics.update(result.metrics)
 
     return OmaVerlBackend
+
+
+def install() -> None:
+    """Make rLLM's verl launcher build :func:`backend_class`'s backend: ``VerlTrainerLauncher``'s Ray task
+    reads the name ``VerlBackend`` from ``rllm.trainer.verl.verl_launcher``, so this has to run in that task's
+    process (Ray's ``runtime_env={"worker_process_setup_hook": "oma.integrations.rllm.backend.install"}``)."""
+    import rllm.trainer.verl.verl_launcher as launcher  # rLLM only now
+
+    if not getattr(launcher.VerlBackend, "_oma", False):
+        launcher.VerlBackend = backend_class()
