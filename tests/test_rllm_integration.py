@@ -284,6 +284,9 @@ def test_check_config_refusals(monkeypatch):
     bad = {**base, "rllm": {"algorithm": {"loss_fn_map": {"solver": "gspo"}, "oma": {}}}}
     with pytest.raises(RllmConfigError, match=r"rllm\.algorithm\.loss_fn_map must be empty"):
         check_config(bad)
+    bad = {**base, "rllm": {"mask_truncated_samples": True, "algorithm": {"oma": {}}}}
+    with pytest.raises(RllmConfigError, match=r"rllm\.mask_truncated_samples must be false"):
+        check_config(bad)
     bad = {**base, "rllm": {"algorithm": {"loss_agg_mode": "seq-mean-token-mean", "oma": {"mass": "nope"}}}}
     with pytest.raises(ValueError, match=r"rllm\.algorithm\.oma\.mass must be one of"):
         check_config(bad)

@@ -36,6 +36,10 @@ def check_config(config: Any) -> tuple[hosts.HostOptions, ActorLoss]:
     if _get(config, "rllm.algorithm.loss_fn_map"):
         raise RllmConfigError("rllm.algorithm.loss_fn_map must be empty with oma: per-role loss routing sends each role "
                               "to its own update_actor call, whose mini-batches oma does not model")
+    if bool(_get(config, "rllm.mask_truncated_samples", False)):
+        # it drops rows after rLLM padded the batch to whole mini-batches, so the layout oma models moves
+        raise RllmConfigError("rllm.mask_truncated_samples must be false with oma: it drops rows after the batch is "
+                              "padded to whole mini-batches, which moves the rows between optimizer steps")
     if _get(config, "rllm.algorithm.stepwise_advantage_mode", "broadcast") != "broadcast":
         raise RllmConfigError("rllm.algorithm.stepwise_advantage_mode must be 'broadcast', rLLM's only mode in the unified trainer")
     raw = _get(config, PREFIX)
