@@ -278,3 +278,11 @@ def test_options_reach_hosts():
     assert (o.estimator, o.norm_by_std, o.step_advantage_w, o.gamma, o.accounting, o.mass) == (
         "gigpo", False, 0.3, 0.0, "trajectory", "uniform")
     assert isinstance(o, hosts.HostOptions)
+
+
+def test_check_install_refuses_a_folder_that_is_no_checkout(tmp_path, capsys):
+    from oma.integrations.roll.__main__ import main
+
+    assert main(["check-install", str(tmp_path)]) == 2
+    assert "not a ROLL checkout: expected roll/pipeline/agentic/agentic_pipeline.py" in capsys.readouterr().err
+    assert main([]) == 2
