@@ -134,8 +134,9 @@ def check_config(config: Any, node: Mapping[str, Any] | None) -> Setup:
     ``loss_agg_mode``. Refused: a group other than ``traj_group_id``, batch statistics, no mean (the
     default, ``method: identity``), GiGPO with ``episode_reward_weight`` ≠ 1 or step/episode normalisers that
     differ, :data:`REFUSED_IF_SET`, ``batch_adjust_mode`` other than ``copy``; under Mass Alignment a worker
-    other than :data:`WORKER_CLS`, a strategy not in :data:`STRATEGIES`, ``apply_loss_scale=false``, the
-    KL loss, the entropy loss and train–infer filters (added with no per-trajectory weight).
+    other than :data:`WORKER_CLS`, a strategy not in :data:`STRATEGIES`, ``apply_loss_scale=false``, dynamic
+    batching or sequence packing in training (not checked), the KL loss, the entropy loss and train–infer
+    filters (added with no per-trajectory weight).
     """
     raw = str(cfg_get(config, "adv_estimator", "gae"))
     if raw not in ESTIMATORS:
@@ -208,6 +209,10 @@ def _check_actor(config: Any) -> None:
     if not bool(cfg_get(config, "actor_train.apply_loss_scale", True)):
         raise RollConfigError("actor_train.apply_loss_scale=false with oma.mass set: the carrier relies on ROLL's "
                               "loss_scale cancelling the mean over micro-batches and ranks; set it to true")
+    for key in ("use_dynamic_batching_in_train", "use_sequence_packing"):
+        if bool(cfg_get(config, f"actor_train.{key}", False)):
+            raise RollConfigError(f"actor_train.{key}=true with {PREFIX}.mass set: the carrier was checked with ROLL's fixed "
+                                  "micro-batches (per_device_train_batch_size rows) only; set it to false")
     for key, why in (("use_kl_loss", "the KL loss"), ("entropy_loss_coef", "the entropy loss")):
         value = cfg_get(config, key, 0)
         if value and (key != "use_kl_loss" or float(cfg_get(config, "kl_loss_coef", 0) or 0) != 0):
