@@ -14,12 +14,13 @@ string ids, ``sample_uuid`` as ``AgenticPipeline.run`` sets it), it runs ROLL's 
 
 1. ROLL's ``advantages`` with oma's hook under ``accounting=row mass=native`` (``grpo``, ``reinforce``,
    ``gigpo``; ``reward_normalization.method`` ``mean_std`` and ``mean``): the worst \|Δ\| on the loss mask;
-2. under Mass Alignment (``mass=uniform`` and ``group``, each ``loss_agg_mode``), the loss ROLL's own
-   ``agg_loss`` makes from the advantages oma's actor writes (:func:`oma.integrations.roll.batch.carry`),
-   micro-batch by micro-batch over the backward batches of the checkout's ``DataProto.make_iterator``
-   (shuffled, as ``ActorWorker.train_step``), with Σ W·ℓ(A): the worst \|Δ\| relative to Σ \|W·ℓ(A)\| (the
-   advantages of a group sum to about 0, so the loss itself is small). ℓ is PPO-clip on a
-   fixed table of probability ratios.
+2. that ``install`` finds and wraps the checkout's ``agentic_compute_advantage``;
+3. under Mass Alignment (``mass=uniform`` and ``group``, each ``loss_agg_mode``), the loss of
+   :class:`oma.integrations.roll.worker.ActorWorker` on the checkout's agentic actor (its ``loss_func``: the
+   carrier, then ROLL's own), micro-batch by micro-batch over the backward batches of the checkout's
+   ``DataProto.make_iterator`` (shuffled, as ``ActorWorker.train_step``), with Σ W·ℓ(A), ℓ PPO-clip on a
+   fixed table of log-probabilities: the worst \|Δ\| of the loss relative to Σ \|W·ℓ(A)\| (the advantages of
+   a group sum to about 0, so the loss itself is small), and of the gradient relative to its largest entry.
 
 Prints a table; exits 0 when everything passes, 1 when a comparison fails, 2 when PATH is no ROLL checkout
 or its modules cannot be imported.
@@ -180,24 +181,45 @@ def ppo_clip(ratio: torch.Tensor, adv: torch.Tensor, clip: float = 0.2) -> torch
     return -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
 
 
-def compare_loss(m: Any, mass: str, mode: str, layout: tuple[int, int, int], seed: int) -> float:
-    """Relative |Δ| between ROLL's ``agg_loss`` summed over the step's micro-batches (advantages from oma's
-    carrier) and Σ W·ℓ(A) with oma's weights."""
+def actor(m: Any, mode: str) -> Any:
+    """oma's ``ActorWorker`` on the checkout's agentic actor, without a cluster: its ``loss_func`` as ROLL calls
+    it, the model's log-probabilities handed in as ``output_tensor`` (the strategy's ``op_compute_log_probs``
+    returns them as they are) and the old ones read from the batch (``enable_old_logprobs_recompute``)."""
+    worker = object.__new__(m.worker.ActorWorker)
+    worker.pipeline_config = SimpleNamespace(
+        loss_agg_mode=mode, enable_old_logprobs_recompute=True, ratio_type="token", use_pg_clip_range=False,
+        pg_clip=0.2, dual_clip_loss=False, train_infer_correction=SimpleNamespace(is_weight=SimpleNamespace(enabled=False)),
+        use_kl_loss=False, kl_loss_coef=0.0, entropy_loss_coef=0.0)
+    worker.strategy = SimpleNamespace(op_compute_log_probs=lambda logits, input_ids, attention_mask: logits)
+    worker.get_old_log_probs_with_cache = lambda data, log_probs: data.batch["old_log_probs"]
+    return worker
+
+
+def compare_loss(m: Any, mass: str, mode: str, layout: tuple[int, int, int], seed: int) -> tuple[float, float]:
+    """|Δ| between the loss oma's ``ActorWorker.loss_func`` (the checkout's ``loss_func`` after
+    :func:`~oma.integrations.roll.batch.carry`) makes over the step's micro-batches and Σ W·ℓ(A) with oma's
+    weights, relative to Σ |W·ℓ(A)|; and of their gradients in the log-probabilities, relative to the largest."""
     from oma.integrations.roll import check_config, compute_advantage
-    from oma.integrations.roll.batch import ADV_KEY, WEIGHTS_KEY, carry
+    from oma.integrations.roll.batch import ADV_KEY, WEIGHTS_KEY
 
     dp, per_device, ga = layout
     cfg = pipeline_config(m, "grpo", "mean_std", layout, mode)
     batch = their_pipeline(m, rollout(m, seed, "grpo"), cfg, dp, seed)
     setup = check_config(_as_mapping(cfg), {"accounting": "trajectory", "mass": mass})
     batch = compute_advantage(batch, setup=setup, original=m.utils.agentic_compute_advantage, **advantage_kwargs(cfg))
-    ratio = torch.exp(torch.randn(len(batch), LENGTH - 1, generator=torch.Generator().manual_seed(seed)) * 0.3)
-    batch.batch["ratio"] = ratio
-    mask = batch.batch["response_mask"][:, 1:]
+    rows = len(batch)
+    batch.batch["row"] = torch.arange(rows)
+    batch.batch["train_infer_is_weight"] = torch.ones(rows, LENGTH - 1)
+    batch.meta_info["loss_mask_keys"] = ["response_mask"]
+    logp = (torch.randn(rows, LENGTH - 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 0.3)
+    mask = batch.batch["response_mask"][:, 1:].double()
     backward_rows = dp * per_device * ga
-    terms = batch.batch[WEIGHTS_KEY].double() / backward_rows * ppo_clip(ratio.double(), batch.batch[ADV_KEY].double()) * mask
-    ours, scale = float(terms.sum()), float(terms.abs().sum())  # OA's advantages sum to ~0: compare to Σ|W·ℓ|
-    theirs = 0.0
+    ours_leaf = logp.clone().requires_grad_()
+    terms = batch.batch[WEIGHTS_KEY].double() / backward_rows * ppo_clip(ours_leaf.exp(), batch.batch[ADV_KEY].double()) * mask
+    ours, scale = terms.sum(), float(terms.abs().sum())  # OA's advantages sum to ~0: compare to Σ|W·ℓ|
+    ours.backward()
+    theirs_leaf = logp.float().clone().requires_grad_()
+    worker, theirs = actor(m, mode), torch.zeros((), dtype=torch.float64)
     for backward in batch.make_iterator(mini_batch_size=backward_rows, epochs=1, seed=seed, dataloader_kwargs={"shuffle": True}):
         bmask = backward.batch["response_mask"][:, 1:]
         # what the strategy's _get_batch_num_tokens / _get_global_valid_samples all-reduce over the ranks
@@ -205,14 +227,13 @@ def compare_loss(m: Any, mass: str, mode: str, layout: tuple[int, int, int], see
                 "global_valid_samples": {"default": len(backward), "response_mask": int(bmask.any(-1).sum())}}
         for micro in backward.chunk(chunks=dp * ga):
             micro.meta_info = {**micro.meta_info, **meta}
-            carry(micro, mode)
-            mmask = micro.batch["response_mask"][:, 1:].long()
-            loss = m.functionals.agg_loss(loss_mat=ppo_clip(micro.batch["ratio"], micro.batch["advantages"]),
-                                          loss_mask=mmask, loss_agg_mode=mode,
-                                          batch_num_tokens=meta["batch_num_tokens"]["response_mask"],
-                                          global_valid_samples=meta["global_valid_samples"]["response_mask"])
-            theirs += float(loss) * (ga * dp) / ga / dp  # loss_scale, the mean over micro-batches, over ranks
-    return abs(theirs - ours) / max(scale, 1e-12)
+            loss, _ = worker.loss_func(micro, theirs_leaf[micro.batch["row"]])
+            theirs = theirs + loss.double() * (ga * dp) / ga / dp  # loss_scale, the mean over micro-batches, over ranks
+    theirs.backward()
+    grad_ours, grad_theirs = ours_leaf.grad, theirs_leaf.grad.double()
+    value = abs(float(theirs) - float(ours)) / max(scale, 1e-12)
+    grad = float((grad_theirs - grad_ours).abs().max()) / max(float(grad_ours.abs().max()), 1e-12)
+    return value, grad
 
 
 @contextlib.contextmanager
@@ -226,6 +247,20 @@ def _chdir(folder: str) -> Iterator[None]:
         os.chdir(before)
 
 
+def install_hook(m: Any) -> None:
+    """``install`` on the checkout's pipeline module (a copy of its namespace: the module itself is left alone)
+    finds the functions it wraps."""
+    from oma.integrations.roll import install
+
+    cfg = pipeline_config(m, "grpo", "mean_std", LAYOUTS[0], "seq-mean-token-mean")
+    module = SimpleNamespace(**vars(m.pipeline))
+    with quiet():
+        install({"accounting": "trajectory", "mass": "uniform"}, _as_mapping(cfg), module=module)
+    wrapped = getattr(module.agentic_compute_advantage, "__wrapped_by_oma__", None)
+    print(f"\ninstall(): wraps {m.pipeline.__name__}.agentic_compute_advantage "
+          f"({'ok' if wrapped is m.pipeline.agentic_compute_advantage else 'FAIL'})")
+
+
 def run(path: str | None) -> int:
     try:
         root = find_checkout(path)
@@ -235,7 +270,11 @@ def run(path: str | None) -> int:
                 ("protocol", "roll.distributed.scheduler.protocol"), ("functionals", "roll.utils.functionals"),
                 ("utils", "roll.pipeline.agentic.utils"), ("config", "roll.pipeline.agentic.agentic_config"),
                 ("pipeline", "roll.pipeline.agentic.agentic_pipeline"))})
-            return _report(root, m, stubs)
+            try:  # oma's actor subclasses the checkout's: imported here, dropped after
+                m.worker = import_from("oma.integrations.roll.worker", stubs, OWN, CheckoutError)
+                return _report(root, m, stubs)
+            finally:
+                sys.modules.pop("oma.integrations.roll.worker", None)
     except CheckoutError as exc:
         print(f"check-install: {exc}", file=sys.stderr)
         return 2
@@ -256,15 +295,18 @@ def _report(root: Path, m: Any, stubs: Any) -> int:
             failed += not ok
             print(f"  {estimator:9s} {method:8s} rows {'/'.join(str(r[1]) for r in results):12s} "
                   f"copies {'/'.join(str(r[2]) for r in results):8s} worst |Δ| {worst:.2e}  {'ok' if ok else 'FAIL'}")
-    print("\nloss, OMA on (accounting=trajectory): ROLL's agg_loss over shuffled backward and micro-batches vs Σ W·ℓ(A)")
+    install_hook(m)
+    print("\nloss, OMA on (accounting=trajectory): oma's ActorWorker.loss_func (ROLL's, after the carrier) over shuffled")
+    print(f"backward and micro-batches vs Σ W·ℓ(A), value and gradient; layouts dp x per_device x GA: "
+          f"{' '.join('x'.join(map(str, lo)) for lo in LAYOUTS)}")
     for mass in ("uniform", "group"):
         for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
             with quiet():
-                worst = max(compare_loss(m, mass, mode, layout, seed) for seed, layout in enumerate(LAYOUTS))
-            ok = worst <= LOSS_TOL
+                results = [compare_loss(m, mass, mode, layout, seed) for seed, layout in enumerate(LAYOUTS)]
+            value, grad = max(r[0] for r in results), max(r[1] for r in results)
+            ok = value <= LOSS_TOL and grad <= LOSS_TOL
             failed += not ok
-            print(f"  mass={mass:8s} {mode:24s} layouts {' '.join('x'.join(map(str, lo)) for lo in LAYOUTS)} "
-                  f"worst rel |Δ| {worst:.2e}  {'ok' if ok else 'FAIL'}")
+            print(f"  mass={mass:8s} {mode:24s} worst rel |Δ| loss {value:.2e} gradient {grad:.2e}  {'ok' if ok else 'FAIL'}")
     print(f"\n{'all passed' if not failed else f'{failed} comparisons FAILED'}")
     return 1 if failed else 0
 
