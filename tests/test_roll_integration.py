@@ -291,3 +291,25 @@ def test_check_install_refuses_a_folder_that_is_no_checkout(tmp_path, capsys):
     assert main(["check-install", str(tmp_path)]) == 2
     assert "not a ROLL checkout: expected roll/pipeline/agentic/agentic_pipeline.py" in capsys.readouterr().err
     assert main([]) == 2
+
+
+def test_the_driver_lines_read_hydras_node_and_rolls_dataclasses():
+    """``install(cfg.get("oma"), ppo_config)``: the node is an OmegaConf DictConfig, the config ROLL's dataclasses
+    (attributes, here namespaces), with ``reward_normalization`` resolved as ROLL resolves it."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"oma": {"accounting": "trajectory", "mass": "group"}, "adv_estimator": "gigpo"})
+    ppo_config = SimpleNamespace(
+        adv_estimator="gigpo", loss_agg_mode="token-mean", gamma=1, step_reward_weight=0.5, episode_reward_weight=1.0,
+        reward_normalization=SimpleNamespace(grouping="traj_group_id", method="mean_std", norm_mean_type="group",
+                                             norm_std_type="group"),
+        actor_train=SimpleNamespace(worker_cls=WORKER_CLS, strategy_args=SimpleNamespace(strategy_name="fsdp2_train"),
+                                    apply_loss_scale=True, use_dynamic_batching_in_train=False),
+        train_infer_correction=SimpleNamespace(filters=[SimpleNamespace(enabled=False)]), use_kl_loss=False,
+        entropy_loss_coef=0)
+    module = SimpleNamespace(agentic_compute_advantage=lambda data, **kw: data,
+                             compute_response_level_rewards=lambda **kw: None,
+                             AgenticPipeline=type("AgenticPipeline", (), {"adjust_batch": lambda self: None}))
+    setup = install(cfg.get("oma"), ppo_config, module=module)
+    o = setup.options
+    assert (o.accounting, o.mass, o.estimator, o.step_advantage_w, o.norm_by_std) == ("trajectory", "group", "gigpo", 0.5, True)

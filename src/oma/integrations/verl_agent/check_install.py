@@ -36,17 +36,12 @@ import ast
 import contextlib
 import copy
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.util
-import io
-import logging
-import random
 import subprocess
 import sys
 import textwrap
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +52,6 @@ import torch
 from oma.integrations._checkout import Stubs as _Stubs
 from oma.integrations._checkout import StubModule as _StubModule  # noqa: F401 - the tests stub through it
 from oma.integrations._checkout import import_from, isolated
-from oma.integrations._checkout import one_line as _line
 from oma.integrations._checkout import quiet as _quiet
 
 OWN = ("verl", "agent_system", "gigpo")
