@@ -313,3 +313,20 @@ def test_the_driver_lines_read_hydras_node_and_rolls_dataclasses():
     setup = install(cfg.get("oma"), ppo_config, module=module)
     o = setup.options
     assert (o.accounting, o.mass, o.estimator, o.step_advantage_w, o.norm_by_std) == ("trajectory", "group", "gigpo", 0.5, True)
+
+
+def test_dump_dir_writes_each_step_for_the_audit(tmp_path):
+    """``oma.dump_dir``: the hook numbers the steps it sees and writes each for ``oma audit``, copies left out."""
+    module = SimpleNamespace(agentic_compute_advantage=lambda data, **kw: data,
+                             compute_response_level_rewards=lambda **kw: None,
+                             AgenticPipeline=type("AgenticPipeline", (), {"adjust_batch": lambda self: None}))
+    install({"accounting": "trajectory", "mass": "native", "dump_dir": str(tmp_path)}, config(), module=module)
+    rows, is_copy = batch(2, "grpo")
+    for _ in range(2):
+        module.agentic_compute_advantage(data=sim.proto(rows))
+    import pyarrow.parquet as pq
+
+    from oma.batchfile import batch_path
+
+    assert sorted((tmp_path / "batches").iterdir()) == [batch_path(tmp_path, 0), batch_path(tmp_path, 1)]
+    assert pq.read_table(batch_path(tmp_path, 0)).num_rows == len(is_copy) - sum(is_copy)
