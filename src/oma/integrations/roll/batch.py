@@ -381,7 +381,7 @@ def carry(micro_batch: Any, loss_agg_mode: str) -> None:
     tensors, meta = micro_batch.batch, micro_batch.meta_info
     tokens, samples = meta["batch_num_tokens"], meta["global_valid_samples"]
     mask = tensors["response_mask"][:, 1:]
-    adv = loss_advantages(tensors[ADV_KEY].detach().cpu(), tensors[WEIGHTS_KEY].detach().cpu(), mask.detach().cpu(),
-                          loss_agg_mode, float(tokens["response_mask"]), float(samples["response_mask"]),
-                          float(samples["default"]))
-    tensors["advantages"] = adv.to(mask.device)
+    # on the batch's device: the counts are numbers (or 0-d tensors) ROLL all-reduced, the rest per token
+    tensors["advantages"] = loss_advantages(tensors[ADV_KEY].detach(), tensors[WEIGHTS_KEY].detach(), mask.detach(),
+                                            loss_agg_mode, float(tokens["response_mask"]), float(samples["response_mask"]),
+                                            float(samples["default"]))
