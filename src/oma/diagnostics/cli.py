@@ -20,11 +20,12 @@ from pathlib import Path
 
 from oma.batchfile import run_batches
 from oma.diagnostics.tables import FORMATS, AuditInputError, parse_col_args, read_batch
+from oma.diagnostics.roll import read_roll
 from oma.diagnostics.verl_agent import VERL_AGENT_PENALTY, read_verl_agent
 
 HELP = "audit the implicit trajectory weighting of a rollout batch (file or run dir)"
-SOURCES: tuple[str, ...] = ("oma", "verl-agent")
-"""Input formats of ``oma audit --from``: the audit's own columns, or a verl-agent batch dump."""
+SOURCES: tuple[str, ...] = ("oma", "verl-agent", "roll")
+"""Input formats of ``oma audit --from``: the audit's own columns, a verl-agent or a ROLL batch dump."""
 GAMMA = 0.95
 
 
@@ -76,8 +77,9 @@ def _parser() -> argparse.ArgumentParser:
         dest="source_format",
         choices=SOURCES,
         default="oma",
-        help="input columns: oma's (default) or a verl-agent batch dump (uid, traj_uid, episode_rewards, "
-        "is_action_valid, anchor_obs, step_rewards; docs/audit.md#verl-agent-batches)",
+        help="input columns: oma's (default), a verl-agent batch dump (uid, traj_uid, episode_rewards, "
+        "is_action_valid, anchor_obs, step_rewards; docs/audit.md#verl-agent-batches) or a ROLL one (traj_group_id, "
+        "traj_id, episode_scores, sample_uuid, state_hash, step_rewards; docs/roll.md#audit-your-run)",
     )
     p.add_argument(
         "--invalid-penalty",
@@ -180,6 +182,9 @@ def _check_targets(args: argparse.Namespace) -> None:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Options that only mean something for one input format, refused where they do not."""
+    if args.source_format == "roll" and args.gamma is not None and args.estimator == "gigpo":
+        raise AuditInputError("--gamma does not apply with --from roll: the step term reads ROLL's step_rewards, already "
+                              "discounted by its step_reward_gamma")
     if args.source_format == "verl-agent":
         if args.gamma is not None and args.estimator == "gigpo":
             raise AuditInputError(
@@ -196,6 +201,8 @@ def _read(path: Path, args: argparse.Namespace, columns: dict[str, str]):
         return read_verl_agent(
             path, columns, invalid_penalty=penalty, success_threshold=args.success_threshold, fmt=args.format
         )
+    if args.source_format == "roll":
+        return read_roll(path, columns, success_threshold=args.success_threshold, fmt=args.format)
     return read_batch(path, columns, fmt=args.format)
 
 
@@ -224,7 +231,7 @@ def _audit_file(path: Path, args: argparse.Namespace, columns: dict[str, str]):
         estimator=args.estimator,
         norm_by_std=std,
         eps=args.eps,
-        gamma=0.0 if verl_agent else (GAMMA if args.gamma is None else args.gamma),
+        gamma=0.0 if verl_agent or args.source_format == "roll" else (GAMMA if args.gamma is None else args.gamma),
         step_advantage_w=args.step_advantage_w,
         success_threshold=args.success_threshold,
         group_labels=b.group_labels,
