@@ -1,4 +1,4 @@
-"""What the ``check-install`` commands share (verl-agent's, ROLL's): a host checkout imported from its folder
+"""What the ``check-install`` commands share (verl-agent's, ROLL's, rLLM's): a host checkout imported from its folder
 for one check, the modules its imports need but the environment lacks stubbed by ``sys.modules`` entries of
 the check's own, and all of it undone afterwards. Nothing here imports a host framework."""
 
@@ -19,6 +19,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+class CheckoutError(Exception):
+    """PATH is no checkout of the framework, or its modules cannot be imported: one line."""
 
 
 class _StubType(type):

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from oma import hosts
-from oma.integrations.verl_agent.batch import ids
+from oma.integrations._columns import ids
 
 PREFIX = "rllm.algorithm.oma"
 """Where rLLM's config keeps oma's options (``+rllm.algorithm.oma.KEY=VALUE``)."""

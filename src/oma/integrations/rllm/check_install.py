@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 from oma.integrations.rllm.batch import AGG_MODES, ActorLoss, align_batch
-from oma.integrations.verl_agent.check_install import CheckoutError, _import, _isolated, _quiet
+from oma.integrations._checkout import CheckoutError, import_from, isolated
+from oma.integrations._checkout import quiet as _quiet
 
 OWN = ("rllm",)
 REQUIRED = ("rllm/trainer/verl/transform.py", "rllm/trainer/verl/verl_backend.py", "rllm/trainer/algorithms/advantage.py",
@@ -101,13 +102,13 @@ class Rllm:
 
 
 def load(stubs: Any) -> tuple[Rllm, Any, Any]:
-    types = _import("rllm.types", stubs, OWN)
-    model_output = _import("rllm.engine.rollout.rollout_engine", stubs, OWN).ModelOutput
-    return (Rllm(_import("rllm.trainer.verl.transform", stubs, OWN),
-                 _import("rllm.trainer.algorithms.transform", stubs, OWN)._build_trajectory_groups,
-                 _import("rllm.trainer.algorithms.advantage", stubs, OWN),
-                 _import("rllm.trainer.algorithms.config", stubs, OWN),
-                 _import("rllm.trainer.verl.verl_backend", stubs, OWN).VerlBackend,
+    types = import_from("rllm.types", stubs, OWN, CheckoutError)
+    model_output = import_from("rllm.engine.rollout.rollout_engine", stubs, OWN, CheckoutError).ModelOutput
+    return (Rllm(import_from("rllm.trainer.verl.transform", stubs, OWN, CheckoutError),
+                 import_from("rllm.trainer.algorithms.transform", stubs, OWN, CheckoutError)._build_trajectory_groups,
+                 import_from("rllm.trainer.algorithms.advantage", stubs, OWN, CheckoutError),
+                 import_from("rllm.trainer.algorithms.config", stubs, OWN, CheckoutError),
+                 import_from("rllm.trainer.verl.verl_backend", stubs, OWN, CheckoutError).VerlBackend,
                  importlib.import_module("verl.trainer.ppo.core_algos").agg_loss), types, model_output)
 
 
@@ -193,7 +194,7 @@ def run(path: str | Path | None, *, seed: int = 0, out: Any = None) -> int:
     out = out or sys.stdout
     try:
         root = find_checkout(path)
-        with _isolated(root, OWN) as stubs:
+        with isolated(root, OWN, {"ray": "no cluster: the check runs the backend's functions in this process"}) as stubs:
             r, types, model_output = load(stubs)
             rows, merge = compare(r, types, model_output, seed)
             stubbed = sorted(stubs.names)

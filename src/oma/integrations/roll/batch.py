@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from oma import hosts
-from oma.integrations.verl_agent.batch import _array, _finite, _floats, _hashable, _matrix, _missing, ids
+from oma.integrations._columns import array, finite, floats, groups, hashable, ids, matrix, missing
 
 PREFIX = "oma"
 """The YAML node beside ROLL's own keys that holds oma's options (read by :func:`oma.integrations.roll.install`)."""
@@ -234,35 +234,26 @@ TENSOR_COLUMNS: tuple[str, ...] = ("response_mask", "scores", "step_rewards")
 def _loss_mask(batch: Mapping[str, Any], rows: int) -> Tensor:
     """bool [R, L]: ``response_mask[:, 1:]``, the tokens ROLL's loss reads (its mask covers input_ids)."""
     if "response_mask" not in batch:
-        raise ValueError(_missing(batch, "response_mask", "ROLL's batch.batch['response_mask'], [R, 1 + L] over input_ids"))
-    return _matrix(batch, "response_mask", rows)[:, 1:].bool()
+        raise ValueError(missing(batch, "response_mask", "ROLL's batch.batch['response_mask'], [R, 1 + L] over input_ids"))
+    return matrix(batch, "response_mask", rows)[:, 1:].bool()
 
 
 def _groups(batch: Mapping[str, Any], rows: int) -> tuple[Tensor, Tensor]:
-    group, group_labels = ids(_array(batch, "traj_group_id", rows, "the group id ROLL's env manager sets in "
-                                     "batch.non_tensor_batch['traj_group_id']"))
-    traj, traj_labels = ids(_array(batch, "traj_id", rows, "the episode id ROLL's env manager sets in "
-                                   "batch.non_tensor_batch['traj_id']"))
-    first = torch.full((len(traj_labels),), -1, dtype=torch.int64).scatter_reduce(
-        0, traj, group, reduce="amin", include_self=False)
-    split = (group != first.index_select(0, traj)).nonzero()
-    if split.numel():
-        r = int(split[0, 0])
-        raise ValueError(f"traj_id {traj_labels[int(traj[r])]!r} appears under two traj_group_id values "
-                         f"({group_labels[int(first[traj[r]])]!r} and {group_labels[int(group[r])]!r}): an episode lies in one group")
-    return group, traj
+    return groups(batch, rows, group=("traj_group_id", "the group id ROLL's env manager sets in "
+                                      "batch.non_tensor_batch['traj_group_id']"),
+                  traj=("traj_id", "the episode id ROLL's env manager sets in batch.non_tensor_batch['traj_id']"))
 
 
 def copies(batch: Mapping[str, Any], rows: int, traj_index: Tensor) -> Tensor:
     """bool [R]: ``adjust_batch``'s padding copies, the later rows that repeat an earlier row's ``sample_uuid``
     (ROLL sets it, ``f"{traj_id}_{i}"``, right after the rollout, before any copy exists)."""
-    uuid = _array(batch, "sample_uuid", rows, "the row identity ROLL's pipeline sets after get_batch "
+    uuid = array(batch, "sample_uuid", rows, "the row identity ROLL's pipeline sets after get_batch "
                   "(batch.non_tensor_batch['sample_uuid']); adjust_batch's copies repeat it")
-    missing = [r for r, v in enumerate(uuid.tolist()) if v is None or (isinstance(v, float) and np.isnan(v))]
-    if missing:
-        raise ValueError(f"column 'sample_uuid' has no value at row {missing[0]}: each row needs its identity to tell "
+    absent = [r for r, v in enumerate(uuid.tolist()) if v is None or (isinstance(v, float) and np.isnan(v))]
+    if absent:
+        raise ValueError(f"column 'sample_uuid' has no value at row {absent[0]}: each row needs its identity to tell "
                          "adjust_batch's copies from new rows")
-    key, _ = ids(list(zip(traj_index.tolist(), (_hashable(v) for v in uuid), strict=True)))
+    key, _ = ids(list(zip(traj_index.tolist(), (hashable(v) for v in uuid), strict=True)))
     first = torch.full((rows,), rows, dtype=torch.int64).scatter_reduce(0, key, torch.arange(rows), reduce="amin")
     flags = first.index_select(0, key) != torch.arange(rows)
     uuid_keys, _ = ids(uuid)
@@ -285,19 +276,19 @@ def host_step(batch: Mapping[str, Any], opts: hosts.HostOptions) -> hosts.HostSt
     group, traj = _groups(batch, rows)
     if opts.accounting == "row" and opts.estimator == "grpo":
         if "scores" not in batch:
-            raise ValueError(_missing(batch, "scores", "ROLL's batch.batch['scores'] [R, L], the step's reward on its tokens"))
-        scores = _finite("scores", _matrix(batch, "scores", rows).to(torch.float64).sum(-1))
+            raise ValueError(missing(batch, "scores", "ROLL's batch.batch['scores'] [R, L], the step's reward on its tokens"))
+        scores = finite("scores", matrix(batch, "scores", rows).to(torch.float64).sum(-1))
     else:
-        scores = _floats(batch, "episode_scores", rows, "the episode's outcome ROLL's env manager stamps on each of its rows")
+        scores = floats(batch, "episode_scores", rows, "the episode's outcome ROLL's env manager stamps on each of its rows")
     anchor = step_rewards = None
     if opts.estimator == "gigpo":
-        anchor = ids(_array(batch, "state_hash", rows, "GiGPO's step term groups rows by the state they acted in "
+        anchor = ids(array(batch, "state_hash", rows, "GiGPO's step term groups rows by the state they acted in "
                             "(batch.non_tensor_batch['state_hash'])"))[0]
         if "step_rewards" not in batch:
-            raise ValueError(_missing(batch, "step_rewards", "GiGPO's step term compares the rows' discounted returns "
+            raise ValueError(missing(batch, "step_rewards", "GiGPO's step term compares the rows' discounted returns "
                                       "(batch.batch['step_rewards'], set by compute_discounted_returns)"))
         value = batch["step_rewards"]
-        step_rewards = _finite("step_rewards", torch.as_tensor(np.asarray(value.detach().cpu() if isinstance(value, Tensor)
+        step_rewards = finite("step_rewards", torch.as_tensor(np.asarray(value.detach().cpu() if isinstance(value, Tensor)
                                                                           else value, dtype=np.float64)).reshape(-1))
         if step_rewards.shape[0] != rows:
             raise ValueError(f"column 'step_rewards' must have one entry per row ({rows} rows), got {step_rewards.shape[0]}")

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from oma.integrations._checkout import import_from, isolated, quiet
+from oma.integrations._checkout import CheckoutError, import_from, isolated, quiet
 
 OWN = ("roll",)
 REQUIRED = ("roll/pipeline/agentic/agentic_pipeline.py", "roll/pipeline/agentic/utils.py", "roll/utils/functionals.py",
@@ -58,9 +58,6 @@ GROUPS, EPISODES, LENGTH, GAMMA = 4, 3, 12, 0.5
 LAYOUTS = ((1, 2, 2), (2, 2, 1), (2, 1, 3))
 """(dp, per_device_train_batch_size, gradient_accumulation_steps): a backward batch of dp·per_device·GA rows."""
 
-
-class CheckoutError(Exception):
-    """PATH is no ROLL checkout, or its modules cannot be imported: one line."""
 
 
 def find_checkout(path: str | Path | None) -> Path:

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from oma.integrations.verl_agent.batch import AGG_MODES, ActorLoss, align_batch, float32_zero_spread, ids
+from oma.integrations._columns import ids
+from oma.integrations.verl_agent.batch import AGG_MODES, ActorLoss, align_batch, float32_zero_spread
 from oma.integrations.verl_agent.trainer import ESTIMATORS
 
 

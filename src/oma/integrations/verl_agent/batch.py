@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from oma import core, hosts
+from oma.integrations._columns import array, finite, floats, groups, hashable, ids, matrix, missing
 
 PREFIX = "algorithm.oma"
 """Where verl-agent's config keeps oma's options (added with ``+algorithm.oma.KEY=VALUE``)."""
@@ -195,100 +196,17 @@ class VerlAgentResult:
 
 def _rows(batch: Mapping[str, Any]) -> int:
     if "response_mask" not in batch:
-        raise ValueError(_missing(batch, "response_mask", "bool/0-1 [R, L], the trainable response tokens "
+        raise ValueError(missing(batch, "response_mask", "bool/0-1 [R, L], the trainable response tokens "
                                   "(verl-agent's batch.batch['response_mask'])"))
     return len(batch["response_mask"])
 
 
-def _missing(batch: Mapping[str, Any], name: str, what: str) -> str:
-    return f"missing column {name!r}: {what}; found {sorted(map(str, batch)) or 'no columns'}"
-
-
-def _array(batch: Mapping[str, Any], name: str, rows: int, what: str) -> np.ndarray:
-    """Column ``name`` as a numpy array with R rows (tensors, lists and object arrays alike)."""
-    if name not in batch:
-        raise ValueError(_missing(batch, name, what))
-    value = batch[name]
-    out = value.detach().cpu().numpy() if isinstance(value, Tensor) else np.asarray(value, dtype=object if
-                                                                                   _ragged(value) else None)
-    if out.ndim == 0 or out.shape[0] != rows:
-        raise ValueError(f"column {name!r} must have one entry per row ({rows} rows), got shape {out.shape}")
-    return out
-
-
-def _ragged(value: Any) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, str) and any(
-        isinstance(v, np.ndarray | list | tuple) for v in value)
-
-
-def _floats(batch: Mapping[str, Any], name: str, rows: int, what: str) -> Tensor:
-    values = _array(batch, name, rows, what)
-    try:
-        out = torch.as_tensor(values.astype(np.float64))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"column {name!r} must hold numbers ({what}): {exc}") from None
-    return _finite(name, out)
-
-
-def _finite(name: str, values: Tensor) -> Tensor:
-    bad = (~torch.isfinite(values)).nonzero()
-    if bad.numel():
-        raise ValueError(f"column {name!r} has a NaN or infinite value at row {int(bad[0, 0])}")
-    return values
-
-
-def _matrix(batch: Mapping[str, Any], name: str, rows: int) -> Tensor:
-    """Column ``name`` as an [R, L] tensor (a tensor, an array or equal-length lists)."""
-    value = batch[name]
-    try:
-        out = value.detach().cpu() if isinstance(value, Tensor) else torch.as_tensor(np.asarray(value))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"column {name!r} must be [R, L], one equal-length list per row: {exc}") from None
-    if out.dim() != 2 or out.shape[0] != rows:
-        raise ValueError(f"column {name!r} must be [R, L] with R = {rows} rows, got shape {tuple(out.shape)}")
-    return out
-
-
-def _hashable(value: Any) -> Any:
-    """An equality key for one cell: strings and numbers as they are, arrays and lists by their contents."""
-    if isinstance(value, Tensor):
-        value = value.detach().cpu().numpy()
-    if isinstance(value, np.ndarray):
-        return (value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, list | tuple):
-        return tuple(_hashable(v) for v in value)
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def ids(values: Sequence[Any] | np.ndarray | Tensor) -> tuple[Tensor, list[Any]]:
-    """Dense int64 codes of equal values, in order of first appearance, and the value of each code."""
-    codes: dict[Any, int] = {}
-    labels: list[Any] = []
-    out = []
-    for v in values:
-        key = _hashable(v)
-        if key not in codes:
-            codes[key] = len(codes)
-            labels.append(v.item() if isinstance(v, np.generic) else v)
-        out.append(codes[key])
-    return torch.tensor(out, dtype=torch.int64), labels
-
-
 def _groups(batch: Mapping[str, Any], rows: int) -> tuple[Tensor, Tensor]:
     """(group_index, traj_index) from ``uid`` and ``traj_uid``; a ``traj_uid`` under two ``uid`` is refused."""
-    group, group_labels = ids(_array(batch, "uid", rows, "the group id (one task rolled out n times) verl-agent's "
-                                     "rollout sets in batch.non_tensor_batch['uid']"))
-    traj, traj_labels = ids(_array(batch, "traj_uid", rows, "the episode id verl-agent's rollout sets in "
-                                   "batch.non_tensor_batch['traj_uid']"))
-    first = torch.full((len(traj_labels),), -1, dtype=torch.int64).scatter_reduce(
-        0, traj, group, reduce="amin", include_self=False)
-    split = (group != first.index_select(0, traj)).nonzero()
-    if split.numel():
-        r = int(split[0, 0])
-        raise ValueError(f"traj_uid {traj_labels[int(traj[r])]!r} appears under two uid values "
-                         f"({group_labels[int(first[traj[r]])]!r} and {group_labels[int(group[r])]!r}): an episode lies "
-                         "in one group; pass verl-agent's own uid and traj_uid columns")
-    return group, traj
+    return groups(batch, rows, group=("uid", "the group id (one task rolled out n times) verl-agent's rollout sets in "
+                                      "batch.non_tensor_batch['uid']"),
+                  traj=("traj_uid", "the episode id verl-agent's rollout sets in batch.non_tensor_batch['traj_uid']"),
+                  hint="; pass verl-agent's own uid and traj_uid columns")
 
 
 def scores(batch: Mapping[str, Any], rows: int, invalid_penalty: float) -> Tensor:
@@ -299,12 +217,12 @@ def scores(batch: Mapping[str, Any], rows: int, invalid_penalty: float) -> Tenso
     what ``apply_invalid_action_penalty`` makes of the reward manager's score.
     """
     if "token_level_rewards" in batch:
-        return _finite("token_level_rewards", _matrix(batch, "token_level_rewards", rows).to(torch.float64).sum(-1))
-    episode = _floats(batch, "episode_rewards", rows, "the episode's reward verl-agent stamps on each of its rows, or "
+        return finite("token_level_rewards", matrix(batch, "token_level_rewards", rows).to(torch.float64).sum(-1))
+    episode = floats(batch, "episode_rewards", rows, "the episode's reward verl-agent stamps on each of its rows, or "
                       "pass 'token_level_rewards'")
     if invalid_penalty == 0:
         return episode
-    valid = _array(batch, "is_action_valid", rows, f"verl-agent subtracts invalid_action_penalty_coef="
+    valid = array(batch, "is_action_valid", rows, f"verl-agent subtracts invalid_action_penalty_coef="
                    f"{invalid_penalty:g} from the score of each invalid action; pass is_action_valid, or "
                    "invalid_penalty=0 for a run with use_invalid_action_penalty=False")
     return episode - invalid_penalty * (1.0 - torch.as_tensor(valid.astype(np.float64)))
@@ -316,13 +234,13 @@ def copies(batch: Mapping[str, Any], rows: int, traj_index: Tensor, is_copy: Any
     later row of the same trajectory with an earlier row's ``row_id`` is a copy). None when there is neither."""
     if is_copy is not None or "is_copy" in batch:
         given = {"is_copy": is_copy} if is_copy is not None else batch
-        flags = _array(given, "is_copy", rows, "")
+        flags = array(given, "is_copy", rows, "")
         if flags.dtype != bool and not np.isin(flags, (0, 1)).all():
             raise ValueError("is_copy must be booleans (or 0/1), one per row")
         return torch.as_tensor(flags.astype(bool))
     if "row_id" not in batch:
         return None
-    key, _ = ids(list(zip(traj_index.tolist(), (_hashable(v) for v in _array(batch, "row_id", rows, "")), strict=True)))
+    key, _ = ids(list(zip(traj_index.tolist(), (hashable(v) for v in array(batch, "row_id", rows, "")), strict=True)))
     first = torch.full((rows,), rows, dtype=torch.int64).scatter_reduce(0, key, torch.arange(rows), reduce="amin")
     return first.index_select(0, key) != torch.arange(rows)
 
@@ -389,7 +307,7 @@ def host_step(batch: Mapping[str, Any], opts: hosts.HostOptions, actor: ActorLos
     :func:`scores`, GiGPO's ``anchor_obs``/``step_rewards``, the actor's optimizer steps
     (:meth:`ActorLoss.minibatches`), the copies."""
     rows = _rows(batch)
-    mask = _matrix(batch, "response_mask", rows)
+    mask = matrix(batch, "response_mask", rows)
     group, traj = _groups(batch, rows)
     anchor = step_rewards = None
     if opts.estimator == "gigpo":
@@ -398,9 +316,9 @@ def host_step(batch: Mapping[str, Any], opts: hosts.HostOptions, actor: ActorLos
                            ("step_rewards", "GiGPO's step term compares the rows' discounted returns "
                             "(batch.batch['step_rewards'], set before adjust_batch)")):
             if name not in batch:
-                raise ValueError(_missing(batch, name, f"{opts.prefix}.estimator=gigpo needs it: {what}"))
-        anchor = ids(_array(batch, "anchor_obs", rows, ""))[0]
-        step_rewards = _floats(batch, "step_rewards", rows, "the step's discounted return")
+                raise ValueError(missing(batch, name, f"{opts.prefix}.estimator=gigpo needs it: {what}"))
+        anchor = ids(array(batch, "anchor_obs", rows, ""))[0]
+        step_rewards = floats(batch, "step_rewards", rows, "the step's discounted return")
     flags = copies(batch, rows, traj, is_copy)
     if flags is None and opts.aligned:
         raise ValueError(
@@ -502,7 +420,7 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
     if step.copies is not None:
         _check_copies(step)
         if "input_ids" in batch:
-            _check_row_ids(step, _matrix(batch, "input_ids", step.rows))
+            _check_row_ids(step, matrix(batch, "input_ids", step.rows))
     result = hosts.align(step, opts, iteration=iteration)  # the last refusal is behind us: it may write the dump
     adv = result.adv.double()
     if native:  # verl-agent's own loss, and its own advantages

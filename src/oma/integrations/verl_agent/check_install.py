@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from oma.integrations._checkout import CheckoutError
 from oma.integrations._checkout import Stubs as _Stubs
 from oma.integrations._checkout import StubModule as _StubModule  # noqa: F401 - the tests stub through it
 from oma.integrations._checkout import import_from, isolated
@@ -74,9 +75,6 @@ PENALTY, GAMMA = 0.125, 0.5
 is a dyadic fraction, exact in float32, so no group mean is inexact and verl-agent's float32 zero-spread
 artefact (a nonzero advantage for a group of equal scores whose float32 mean is inexact) cannot arise."""
 
-
-class CheckoutError(Exception):
-    """PATH is no verl-agent checkout, or its modules cannot be imported: one line."""
 
 
 @dataclass(frozen=True)
@@ -193,15 +191,14 @@ def find_checkout(path: str | Path | None) -> Path:
     return root
 
 
-def _isolated(root: Path, own: tuple[str, ...] = OWN) -> contextlib.AbstractContextManager[_Stubs]:
-    """The checkout first on ``sys.path``, ``ray`` stubbed; everything as it was afterwards. ``own``: the
-    top-level packages the checkout holds (the rLLM check passes its own)."""
-    return isolated(root, own, {"ray": "no cluster: the check runs the driver's functions and one actor in this process"})
+def _isolated(root: Path) -> contextlib.AbstractContextManager[_Stubs]:
+    """The checkout first on ``sys.path``, ``ray`` stubbed; everything as it was afterwards."""
+    return isolated(root, OWN, {"ray": "no cluster: the check runs the driver's functions and one actor in this process"})
 
 
-def _import(name: str, stubs: _Stubs, own: tuple[str, ...] = OWN) -> types.ModuleType:
+def _import(name: str, stubs: _Stubs) -> types.ModuleType:
     """``name`` from the checkout, stubbing each module outside it that its imports need but cannot get."""
-    return import_from(name, stubs, own, CheckoutError)
+    return import_from(name, stubs, OWN, CheckoutError)
 
 
 
