@@ -6,8 +6,9 @@ suite, including oma's verl-free integration tests in test_verl_oma_side.py). `m
 command CI runs, sets OMA_TESTS_NEED_VERL=1, so there a missing verl is an error, never a quiet
 omission; it runs tests/with_skyrl in .venv-skyrl with OMA_TESTS_NEED_SKYRL=1, the same way.
 
-On Python 3.10 (verl-agent's WebShop needs it) `make test` runs PY310_MODULES in .venv-py310, which holds only
-what oma's core, hosts, verl-agent integration and audit import (no transformers, no verl). OMA_TESTS_PY310=1
+On Python 3.10 (verl-agent's WebShop needs it; ROLL and rLLM allow it) `make test` runs PY310_MODULES in
+.venv-py310, which holds only what oma's core, hosts, verl-agent, ROLL and rLLM integrations and audit import (no
+transformers, no verl). OMA_TESTS_PY310=1
 says so: exactly those files are collected, and an interpreter other than 3.10 or a listed file that is gone is
 an error, so that line cannot pass by running something else or nothing.
 """
@@ -46,6 +47,9 @@ PY310_MODULES = [
     "test_verl_agent_integration.py",
     "test_audit_verl_agent.py",
     "test_verl_agent_check_install.py",
+    "test_roll_integration.py",
+    "test_audit_roll.py",
+    "test_rllm_integration.py",
     "test_core_by_hand.py",
     "test_core_equivalence.py",
     "test_core_errors.py",
