@@ -282,3 +282,11 @@ def test_under_trajectory_accounting_copies_leave_the_statistics_and_take_their_
     orphan = hosts.HostStep(**{**vars(padded),
                                "step_rewards": torch.cat([padded.step_rewards[:11], torch.tensor([5.0])])})
     assert hosts.copy_sources(orphan)[-1] == -1 and hosts.advantages(orphan, o)[-1] == 0  # repeats no row: 0
+
+
+def test_by_hand_carried_advantages_divide_by_the_hosts_factor_and_zero_what_it_does_not_weigh():
+    adv = torch.tensor([[2.0], [-1.0]])
+    w = torch.tensor([[0.5, 0.25], [0.1, 0.0]])
+    f = torch.tensor([[0.25, 0.5], [0.0, 0.2]])
+    # A·W/f: 2·0.5/0.25 = 4, 2·0.25/0.5 = 1; f = 0 → 0; −1·0/0.2 = 0
+    assert hosts.carried_advantages(adv, w, f).tolist() == [[4.0, 1.0], [0.0, 0.0]]

@@ -336,6 +336,18 @@ def dump(step: HostStep, options: HostOptions, iteration: int) -> Path:
                        won=kept.won)
 
 
+def carried_advantages(adv: Tensor, weights: Tensor, factor: Tensor) -> Tensor:
+    r"""float64, the shapes broadcast to [R, L]: the advantages A' = A·W/f that make a host's own loss
+    Σ f·ℓ(A') equal Σ W·ℓ(A), where f is the factor the host's aggregation puts on each token's loss; 0 where
+    f = 0 (a token the host does not weigh). Exact for a policy loss positively homogeneous in A,
+    ℓ(c·A) = c·ℓ(A) for c ≥ 0 (PPO-clip, dual clip, GSPO): how the verl-agent, ROLL and rLLM integrations
+    reach a loss they cannot reweigh directly."""
+    adv, weights, factor = torch.broadcast_tensors(adv.double(), weights.double(), factor.double())
+    weighed = factor > 0
+    return torch.where(weighed, adv * weights / torch.where(weighed, factor, torch.ones_like(factor)),
+                       torch.zeros_like(factor))
+
+
 def align(step: HostStep, options: HostOptions, *, iteration: int | None = None) -> HostResult:
     """Advantages, weights and metrics of one host step; with ``options.dump_dir`` (and ``iteration``), its
     batch for ``oma audit`` too."""

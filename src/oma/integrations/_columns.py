@@ -100,3 +100,12 @@ def groups(batch: Mapping[str, Any], rows: int, *, group: tuple[str, str], traj:
                          f"({group_labels[int(first[traj_index[r]])]!r} and {group_labels[int(group_index[r])]!r}): an "
                          f"episode lies in one group{hint}")
     return group_index, traj_index
+
+
+def repeats(traj_index: Tensor, identity: Sequence[Any] | np.ndarray) -> Tensor:
+    """bool [R]: the rows that repeat an earlier row's (trajectory, ``identity``): the padding copies, where
+    ``identity`` is the row identity the host set before it padded the batch (a copy carries its original's)."""
+    rows = len(traj_index)
+    key, _ = ids(list(zip(traj_index.tolist(), (hashable(v) for v in identity), strict=True)))
+    first = torch.full((rows,), rows, dtype=torch.int64).scatter_reduce(0, key, torch.arange(rows), reduce="amin")
+    return first.index_select(0, key) != torch.arange(rows)

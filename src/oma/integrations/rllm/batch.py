@@ -259,7 +259,7 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
         token_adv = adv * step.response_mask
     else:
         w = hosts.weights(step, opts)
-        token_adv = adv * w / torch.where(factor > 0, factor, torch.ones_like(factor)).unsqueeze(-1)
+        token_adv = hosts.carried_advantages(adv, w, factor.unsqueeze(-1))
     if opts.dump_dir is not None:  # the last refusal is behind us
         if iteration is None:
             raise ValueError(f"{PREFIX}.dump_dir is set: align_batch() needs the step's iteration to name its file")

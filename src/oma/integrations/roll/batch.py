@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from oma import hosts
-from oma.integrations._columns import array, finite, floats, groups, hashable, ids, matrix, missing
+from oma.integrations._columns import array, finite, floats, groups, ids, matrix, missing, repeats
 
 PREFIX = "oma"
 """The YAML node beside ROLL's own keys that holds oma's options (read by :func:`oma.integrations.roll.install`)."""
@@ -253,9 +253,7 @@ def copies(batch: Mapping[str, Any], rows: int, traj_index: Tensor) -> Tensor:
     if absent:
         raise ValueError(f"column 'sample_uuid' has no value at row {absent[0]}: each row needs its identity to tell "
                          "adjust_batch's copies from new rows")
-    key, _ = ids(list(zip(traj_index.tolist(), (hashable(v) for v in uuid), strict=True)))
-    first = torch.full((rows,), rows, dtype=torch.int64).scatter_reduce(0, key, torch.arange(rows), reduce="amin")
-    flags = first.index_select(0, key) != torch.arange(rows)
+    flags = repeats(traj_index, uuid)
     uuid_keys, _ = ids(uuid)
     owner = torch.full((rows,), -1, dtype=torch.int64).scatter_reduce(0, uuid_keys, traj_index, reduce="amax",
                                                                      include_self=False)
@@ -359,9 +357,7 @@ def loss_advantages(token_adv: Tensor, weights: Tensor, loss_mask: Tensor, mode:
     with W = ``weights`` / ``backward_rows`` (module docstring): A·W/f on the mask, 0 off it."""
     f = token_factor(loss_mask, mode, batch_num_tokens, global_valid_samples)
     w = weights.to(torch.float64) / float(backward_rows)
-    out = torch.where(f > 0, token_adv.to(torch.float64) * w / torch.where(f > 0, f, torch.ones_like(f)),
-                      torch.zeros_like(f))
-    return out.to(torch.float32)
+    return hosts.carried_advantages(token_adv, w, f).to(torch.float32)
 
 
 def carry(micro_batch: Any, loss_agg_mode: str) -> None:

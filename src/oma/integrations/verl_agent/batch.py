@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from oma import core, hosts
-from oma.integrations._columns import array, finite, floats, groups, hashable, ids, matrix, missing
+from oma.integrations._columns import array, finite, floats, groups, ids, matrix, missing, repeats
 
 PREFIX = "algorithm.oma"
 """Where verl-agent's config keeps oma's options (added with ``+algorithm.oma.KEY=VALUE``)."""
@@ -240,9 +240,7 @@ def copies(batch: Mapping[str, Any], rows: int, traj_index: Tensor, is_copy: Any
         return torch.as_tensor(flags.astype(bool))
     if "row_id" not in batch:
         return None
-    key, _ = ids(list(zip(traj_index.tolist(), (hashable(v) for v in array(batch, "row_id", rows, "")), strict=True)))
-    first = torch.full((rows,), rows, dtype=torch.int64).scatter_reduce(0, key, torch.arange(rows), reduce="amin")
-    return first.index_select(0, key) != torch.arange(rows)
+    return repeats(traj_index, array(batch, "row_id", rows, ""))
 
 
 def float32_zero_spread(values: Tensor, group: Tensor, *, eps: float = 1e-6) -> Tensor:
@@ -428,7 +426,7 @@ def align_batch(batch: Mapping[str, Any], options: hosts.HostOptions | Mapping[s
         token_adv = adv.unsqueeze(-1) * step.response_mask
     else:  # hosts' k mini-batches' worth rescaled to the step's native total, R/(local·dp) of them
         w = result.weights * (step.rows / (actor.local_rows(step.rows) * actor.dp * len(step.layout)))
-        token_adv = adv.unsqueeze(-1) * w / torch.where(factor > 0, factor, torch.ones_like(factor)).unsqueeze(-1)
+        token_adv = hosts.carried_advantages(adv.unsqueeze(-1), w, factor.unsqueeze(-1))
     metrics = hosts.metrics(step, opts, w)
     if unaligned_coef > 0 and not native:
         metrics.update(unaligned_metrics(step, actor, w, unaligned_coef))
