@@ -127,6 +127,14 @@ def test_mass_reaches_the_loss_under_every_split(mass, mode, dp, per_device, ga,
         assert per_traj[t] == pytest.approx(w, rel=1e-5, abs=1e-9)
 
 
+BY_HAND = {  # one group: trajectory a wins in 2 steps, b fails in 1; the last row is adjust_batch's copy of b's
+    "traj_group_id": ["g", "g", "g", "g"], "traj_id": ["a", "a", "b", "b"], "step": [0, 1, 0, 0],
+    "episode_scores": [1.0, 1.0, 0.0, 0.0], "step_scores": [0.0, 1.0, 0.0, 0.0],
+    "state_hash": ["x", "y", "x", "x"], "sample_uuid": ["a_0", "a_1", "b_2", "b_2"],
+    "response_mask": [[0, 1, 0, 0], [0, 1, 1, 1], [0, 0, 1, 0], [0, 0, 1, 0]],
+    "scores": [[0, 0, 0, 0], [0, 0, 0, 1.0], [0, 0, 0, 0], [0, 0, 0, 0]]}
+
+
 def test_by_hand_grpo_trajectory_uniform():
     """One group, two trajectories: τa wins in 2 steps, τb loses in 1 step; adjust_batch copies τb's step.
 
@@ -135,11 +143,7 @@ def test_by_hand_grpo_trajectory_uniform():
     MA uniform: τa and τb ½ each; τa's rows split its ½ by tokens (token-mean reducer: 1 and 3 tokens →
     1/8 and 3/8 per row), τb's one token ½; the copy 0. The hook writes W·R (R = 4 rows): 0.5, 1.5, 2, 0.
     """
-    rows = {"traj_group_id": ["g", "g", "g", "g"], "traj_id": ["a", "a", "b", "b"], "step": [0, 1, 0, 0],
-            "episode_scores": [1.0, 1.0, 0.0, 0.0], "step_scores": [0.0, 1.0, 0.0, 0.0],
-            "state_hash": ["x", "y", "x", "x"], "sample_uuid": ["a_0", "a_1", "b_2", "b_2"],
-            "response_mask": [[0, 1, 0, 0], [0, 1, 1, 1], [0, 0, 1, 0], [0, 0, 1, 0]],
-            "scores": [[0, 0, 0, 0], [0, 0, 0, 1.0], [0, 0, 0, 0], [0, 0, 0, 0]]}
+    rows = BY_HAND
     setup = check_config(config("grpo"), {"accounting": "trajectory", "mass": "uniform"})
     result = align_batch(columns(sim.proto(rows)), setup.options)
     a = 0.5 / (0.5 ** 0.5 + 1e-6)
@@ -153,11 +157,7 @@ def test_by_hand_grpo_trajectory_uniform():
 def test_by_hand_row_native_counts_the_copy():
     """ROLL's own (row, native) on the same batch: row scores are the step rewards {0, 1, 0, 0} (grpo reads
     ``scores``, not ``episode_scores``): mean ¼, sample std ½ → A = (0 − ¼)/½ = −0.5, (1 − ¼)/½ = 1.5, −0.5, −0.5."""
-    rows = {"traj_group_id": ["g"] * 4, "traj_id": ["a", "a", "b", "b"], "step": [0, 1, 0, 0],
-            "episode_scores": [1.0, 1.0, 0.0, 0.0], "step_scores": [0.0, 1.0, 0.0, 0.0],
-            "state_hash": ["x", "y", "x", "x"], "sample_uuid": ["a_0", "a_1", "b_2", "b_2"],
-            "response_mask": [[0, 1, 0, 0], [0, 1, 1, 1], [0, 0, 1, 0], [0, 0, 1, 0]],
-            "scores": [[0, 0, 0, 0], [0, 0, 0, 1.0], [0, 0, 0, 0], [0, 0, 0, 0]]}
+    rows = BY_HAND
     setup = check_config(config("grpo"), {"accounting": "row", "mass": "native"})
     result = align_batch(columns(sim.proto(rows)), setup.options)
     assert result.adv.tolist() == pytest.approx([-0.5 / 1.000002, 1.5 / 1.000002, -0.5 / 1.000002, -0.5 / 1.000002])
