@@ -192,6 +192,21 @@ def test_compare_parallel_jobs_one_seed(tmp_path):
     assert json.loads((out / "results.json").read_text())["variants"]["OA+MA"]["paired_seeds"] == [0, 1]
 
 
+def test_compare_first_seed_runs_fresh_seeds(tmp_path):
+    out = tmp_path / "fresh"
+    argv = ["compare", *TINY, f"warm_start.cache_dir={tmp_path / 'cache'}", "--variants", "2", "--seeds", "2",
+            "--first-seed", "5", "--horizon", "1", "--out", str(out)]
+    assert oma_main(argv) == 0
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["seeds"] == [5, 6]
+    assert sorted(doc["runs"]) == ["OA+MA/seed-5", "OA+MA/seed-6", "row+native/seed-5", "row+native/seed-6"]
+    for v in ("row+native", "OA+MA"):
+        assert not (out / v / "seed-0").exists()
+        for k in (5, 6):
+            assert json.loads((out / v / f"seed-{k}" / "config.json").read_text())["seed"] == k
+    assert json.loads((out / "results.json").read_text())["variants"]["OA+MA"]["paired_seeds"] == [5, 6]
+
+
 # ------------------------------------------------------------------------------------------------
 # `oma report` on a hand-made directory: every number checked by hand arithmetic
 
@@ -434,6 +449,7 @@ def test_report_says_when_nothing_is_significant(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--variants", "3x3"], "--variants '3x3' is not valid; expected one of ['2x2', '2', '3', 'baseline']"),
     (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--first-seed", "-1"], "--first-seed must be >= 0"),
     (["--horizon", "0"], "--horizon must be >= 1"),
     (["--jobs", "0"], "--jobs must be >= 1"),
     (["--seeds", "many"], "--seeds"),

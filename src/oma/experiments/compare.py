@@ -1,7 +1,7 @@
 """``oma compare CONFIG [key=value ...] --variants 2x2 --seeds 3 --horizon H [--out DIR] [--jobs N] [--no-dump]``.
 
 Runs the accountings of a config (row/trajectory × native/MA, :mod:`oma.experiments.variants`)
-for seeds 0..S−1 at a matched horizon H (docs/experiments.md#the-metrics) and writes the report of
+for seeds F..F+S−1 (``--first-seed F``, default 0) at a matched horizon H (docs/experiments.md#the-metrics) and writes the report of
 :mod:`oma.experiments.report`. Layout (docs/experiments.md)::
 
     DIR/compare.json               the command, config, machine, per-run status and wall time, history
@@ -57,7 +57,7 @@ SCHEMA_VERSION = 1
 RESERVED: dict[str, str] = {
     "algo.accounting": "it is set per variant by --variants",
     "algo.mass": "it is set per variant by --variants",
-    "seed": "the runs use seeds 0..S-1 (--seeds S)",
+    "seed": "the runs use seeds F..F+S-1 (--first-seed F, --seeds S)",
     "iterations": "use --horizon",
     "out_dir": "use --out",
     "dump_batches": "it is true, so the report audits the dumped batches; --no-dump makes it false",
@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="2x2 (row+native, row+MA, OA+native, OA+MA; default), 2 (row+native vs OA+MA) or baseline "
                    "(row+native alone: a pilot)")
     p.add_argument("--seeds", type=int, default=3, metavar="S",
-                   help="seeds 0..S-1 per variant (default 3; docs/experiments.md#the-metrics wants >= 3)")
+                   help="seeds F..F+S-1 per variant (default 3; docs/experiments.md#the-metrics wants >= 3)")
+    p.add_argument("--first-seed", type=int, default=0, metavar="F",
+                   help="the first seed (default 0): a replication takes fresh seeds, e.g. --first-seed 12 --seeds 32")
     p.add_argument("--horizon", type=int, default=None, metavar="H", help="matched horizon H = iterations of every run "
                    "(default: the config's iterations)")
     p.add_argument("--out", default=None, metavar="DIR", help="output directory (default runs/compare-<config name>); "
@@ -113,6 +115,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise CompareError(f"--variants {args.variants!r} is not valid; expected one of {list(VARIANT_SETS)}")
     if args.seeds < 1:
         raise CompareError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.first_seed < 0:
+        raise CompareError(f"--first-seed must be >= 0, got {args.first_seed}")
     if args.horizon is not None and args.horizon < 1:
         raise CompareError(f"--horizon must be >= 1, got {args.horizon}")
     if args.jobs < 1:
@@ -235,7 +239,7 @@ def _compare(args: argparse.Namespace, argv: list[str], console, base, horizon: 
              t_start: float) -> int:
     """:func:`compare` once it holds ``out``."""
     variants = variant_set(args.variants)
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     jobs = args.jobs
     cpus = os.cpu_count() or 1
     threads = base.threads if jobs == 1 else max(1, cpus // jobs)
