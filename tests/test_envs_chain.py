@@ -15,7 +15,7 @@ from oma.envs.chain import ACTIONS, EQUAL_ACTIONS, SIGNS, correct_action
 from oma.envs.coupling import NoisyExpert
 from test_envs import expert_run
 
-ON_WRONG = ("stay", "reset", "end", "advance", "trap")
+ON_WRONG = ("stay", "reset", "end", "advance", "trap", "stuck")
 
 
 def right(env) -> str:
@@ -174,6 +174,76 @@ def test_trap_and_end_share_every_draw_until_the_first_wrong_turn() -> None:
     assert trap.success_rate == end.success_rate and trap.mean_reward == end.mean_reward
     assert (trap.mean_steps_failure, trap.failures_at_cap, trap.ratio) == (11.0, 1.0, 11 / 5)
     assert end.mean_steps_failure < 5
+
+
+def _play(env, seed: int, p_right: float, rng: random.Random) -> tuple[bool, int, list[str]]:
+    """One noisy episode: (won, steps, the actions taken)."""
+    _, info = env.reset(seed)
+    taken = []
+    while True:
+        action = env.expert_action() if rng.random() < p_right else rng.choice(info["admissible_actions"])
+        taken.append(action)
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            return info["won"], len(taken), taken
+
+
+def test_stuck_by_hand_a_wrong_action_sticks_the_agent_until_an_action_takes_effect() -> None:
+    """Length 3, cap 9, escape 0: right, wrong (stuck at position 2, told so), then nothing moves it, the right
+    action included; escape 1: the next right action frees it and the episode is won in 4 steps."""
+    never = make("chain", length=3, max_steps=9, on_wrong="stuck", escape=0.0)
+    never.reset(0)
+    never.step(right(never))
+    live = never.anchor()
+    obs, reward, terminated, truncated, _ = never.step(wrong(never))
+    assert obs == f"Step 2 of 3. The sign is {SIGNS[never._signs[1]]}. You went wrong and are stuck here; most actions do nothing."
+    assert (reward, terminated, truncated) == (0.0, False, False) and never.anchor() == live + ":strayed"
+    results = [never.step(right(never)) for _ in range(7)]
+    assert [r[0] for r in results] == [obs] * 7 and [r[3] for r in results] == [False] * 6 + [True]
+    always = make("chain", length=3, max_steps=9, on_wrong="stuck", escape=1.0)
+    always.reset(0)
+    results = [always.step(a(always)) for a in (right, wrong, right, right)]
+    assert [r[2] for r in results] == [False, False, False, True] and results[-1][4]["won"]
+    assert not always.anchor().endswith(":strayed")
+
+
+@pytest.mark.parametrize("escape,twin", [(0.0, "trap"), (1.0, "stay")])
+def test_stuck_at_escape_0_is_trap_and_at_escape_1_is_stay(escape, twin) -> None:
+    """Equivalence on 300 noisy episodes: the same actions give the same outcome and length."""
+    stuck = make("chain", length=4, actions=2, max_steps=14, on_wrong="stuck", escape=escape)
+    other = make("chain", length=4, actions=2, max_steps=14, on_wrong=twin)
+    for seed in range(300):
+        won, steps, taken = _play(stuck, seed, 0.7, random.Random(seed))
+        other.reset(seed)
+        for t, action in enumerate(taken, 1):
+            *_, terminated, truncated, info = other.step(action)
+        assert (info["won"], t, terminated or truncated) == (won, steps, True), seed
+
+
+def test_stuck_escapes_at_the_rate_asked_and_replays_from_the_seed() -> None:
+    """While stuck, an action takes effect with probability escape (here 0.25: 2,000 stuck steps land within
+    ±0.04 of it); the same seed and actions replay the same episode (the draws come from the task seed)."""
+    env = make("chain", length=1000, actions=2, max_steps=1000, on_wrong="stuck", escape=0.25)
+    moved = tries = 0
+    for seed in range(5):
+        env.reset(seed)
+        while tries < 400 * (seed + 1):  # stuck again after each escape: the draws of one episode's stream
+            env.step(wrong(env))
+            before = env._position
+            env.step(right(env))
+            tries += 1
+            moved += env._position != before
+    assert abs(moved / tries - 0.25) < 0.04, moved / tries
+    first = _play(env, 7, 0.5, random.Random(1))
+    env.reset(7)
+    again = [env.step(a) for a in first[2]]
+    assert again[-1][4]["won"] == first[0] and len(again) == first[1]
+
+
+@pytest.mark.parametrize("escape", [-0.1, 1.5, float("nan"), "often", True])
+def test_escape_must_be_a_probability(escape) -> None:
+    with pytest.raises(ValueError, match=r"chain: option 'escape' must be a number in \[0.0, 1.0\]"):
+        make("chain", on_wrong="stuck", escape=escape)
 
 
 def test_equal_actions_are_the_same_task_in_three_words_each() -> None:

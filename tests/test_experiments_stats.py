@@ -2,11 +2,13 @@
 
 import math
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from oma.experiments.stats import (
+    Estimate,
     betainc,
     curve_to_horizon,
     endpoint,
@@ -17,6 +19,7 @@ from oma.experiments.stats import (
     paired_diff,
     t_cdf,
     t_quantile,
+    welch_diff,
 )
 
 # two-sided 95% critical values t(0.975, df) from a printed Student-t table
@@ -186,3 +189,46 @@ def test_holm_equals_adjusted_p_values_and_lies_between_bonferroni_and_uncorrect
 def test_an_estimate_reads_as_the_reports_write_it():
     assert str(mean_ci([1.0, 2.0, 3.0])) == "+2.000 ± 2.484"  # t(0.975, 2) · 1/√3 = 4.303 · 0.577
     assert str(mean_ci([-0.25])) == "-0.250 (one seed)"  # no interval from one sample
+
+
+# ------------------------------------------------------------------------------------------------
+# welch_diff: two independent estimates
+
+
+def test_welch_diff_by_hand():
+    """a = [1, 2, 3], b = [0, 0, 1, 1]: se² = 1/3 + 1/12 = 5/12, ν = (5/12)² / ((1/3)²/2 + (1/12)²/3) = 3."""
+    e = welch_diff(mean_ci([1.0, 2.0, 3.0]), mean_ci([0.0, 0.0, 1.0, 1.0]))
+    assert e.mean == pytest.approx(1.5)
+    assert e.half_width == pytest.approx(t_quantile(0.975, 3) * math.sqrt(5 / 12), rel=1e-9)
+    assert e.p == pytest.approx(2 * t_cdf(-1.5 / math.sqrt(5 / 12), 3), rel=1e-9)
+    assert e.half_width == pytest.approx(2.0543, abs=1e-4) and e.p == pytest.approx(0.1027, abs=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=3, max_size=12), st.lists(st.floats(-1, 1), min_size=3, max_size=12))
+def test_welch_diff_equals_welch_on_the_raw_samples_and_flips_sign_when_swapped(a, b):
+    """Equivalence: from two mean_ci estimates it is Welch's t on the samples, computed here in a plain loop;
+    invariance: b − a is the negated difference with the same interval and p."""
+    assume(np.std(a) > 1e-3 and np.std(b) > 1e-3)
+    ea, eb = mean_ci(a), mean_ci(b)
+    d = welch_diff(ea, eb)
+    va = sum((x - sum(a) / len(a)) ** 2 for x in a) / (len(a) - 1) / len(a)
+    vb = sum((x - sum(b) / len(b)) ** 2 for x in b) / (len(b) - 1) / len(b)
+    nu = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    assert d.mean == pytest.approx(ea.mean - eb.mean, abs=1e-12)
+    assert d.half_width == pytest.approx(t_quantile(0.975, nu) * math.sqrt(va + vb), rel=1e-7)
+    back = welch_diff(eb, ea)
+    assert back.mean == pytest.approx(-d.mean, abs=1e-12)
+    assert back.half_width == pytest.approx(d.half_width, rel=1e-12) and back.p == pytest.approx(d.p, rel=1e-12)
+
+
+def test_welch_diff_takes_a_lines_degrees_of_freedom_and_refuses_mixed_levels():
+    """A prediction of a line on 30 points has 28 degrees of freedom, not 29; an undefined side gives NaN."""
+    line = Estimate(0.1, t_quantile(0.975, 28) * 0.02, 30, 0.95)
+    lm = mean_ci([0.0, 0.02, 0.04, 0.01, 0.03])
+    d = welch_diff(lm, line, df_b=28)
+    se = math.sqrt((lm.half_width / t_quantile(0.975, 4)) ** 2 + 0.02**2)
+    assert d.mean == pytest.approx(0.02 - 0.1) and d.half_width / se > t_quantile(0.975, 1000)
+    assert math.isnan(welch_diff(mean_ci([1.0]), lm).half_width)
+    with pytest.raises(ValueError, match="one level"):
+        welch_diff(lm, Estimate(0.0, 0.1, 5, 0.9))

@@ -5,7 +5,8 @@ take the action that sign calls for there; the right action depends only on the 
 the sign, never on the task, so a policy that learns the table (position, sign) -> action solves
 every task, and tasks differ only in which sign stands where. What a wrong action does is the
 knob: it decides whether failures are longer than successes (``stay``, ``reset``: the agent
-loops to the step cap; ``trap``: a dead end it wanders in until the cap), shorter (``end``: a dead
+loops to the step cap; ``stuck``: a loop it leaves only by chance; ``trap``: a dead end it wanders
+in until the cap), shorter (``end``: a dead
 end that stops at once) or exactly as long (``advance``: the control, no coupling), with the
 policy's skill held fixed (docs/envs.md#chain-a-table-to-learn). The admissible actions differ
 widely in length (1 to 9 words), so a token-mean loss weights them very differently; with
@@ -23,7 +24,7 @@ from typing import Literal
 from .base import DrawnEnv, Effect, StepResult
 from .sampling import pick
 
-OnWrong = Literal["stay", "reset", "end", "advance", "trap"]
+OnWrong = Literal["stay", "reset", "end", "advance", "trap", "stuck"]
 Reward = Literal["success", "progress"]
 
 SIGNS = ("red", "green", "blue", "yellow", "white", "black")
@@ -70,7 +71,13 @@ class ChainOptions:
       (no coupling: the control). ``trap``: a dead end that does not stop: the agent stays where
       it went wrong, told it cannot reach the end, and every action leaves it there until the cap
       (failures run to the cap, successes last exactly ``length`` steps: the ratio is
-      ``max_steps / length``).
+      ``max_steps / length``). ``stuck``: a loop the agent leaves only by chance: it stays where
+      it went wrong, told it is stuck, and each later action there takes effect with probability
+      ``escape`` (else nothing changes), so failures loop to the cap, successes are mostly clean, and
+      a late win stays possible (unlike ``trap``); the ratio grows with the cap past what ``stay``
+      reaches, where a looping policy soon finds the right action.
+    * ``escape``: under ``stuck``, the chance that an action taken while stuck takes effect (the
+      draws come from the task seed, so an episode is reproducible from its seed and actions).
     * ``reward``: ``success`` (1 on the step that reaches the end, else 0) or ``progress``
       (partial credit on the episode's last step, truncated or not: the furthest position
       reached over ``length``, or under ``advance`` the correct actions taken over ``length``; a
@@ -84,6 +91,7 @@ class ChainOptions:
     signs: int = field(default=3, metadata={"min": 1})
     actions: int = field(default=4, metadata={"min": 2})
     on_wrong: OnWrong = "stay"
+    escape: float = field(default=0.1, metadata={"min": 0.0, "max": 1.0})
     reward: Reward = "success"
     equal_actions: bool = False
 
@@ -151,13 +159,18 @@ class ChainEnv(DrawnEnv[list[int]]):
 
     # --- generation and state ---
 
+    def _begin(self, seed: int) -> tuple[str, str]:
+        self._task_seed = seed  # what ``stuck``'s escapes are drawn from, set before the world starts
+        return super()._begin(seed)
+
     def _draw(self, rng: random.Random) -> list[int]:
         return [pick(rng, range(self.options.signs)) for _ in range(self.options.length)]
 
     def _start(self, signs: list[int]) -> tuple[str, str]:
         self._signs = signs
         self._position = 0
-        self._strayed = False  # advance, trap: went wrong and cannot win; end: fell off the chain
+        self._strayed = False  # advance, trap: went wrong and cannot win; end: fell off the chain; stuck: stuck
+        self._escapes = random.Random(f"chain-escape:{self._task_seed}")  # stuck: whether an action takes effect
         self._credit = 0  # the furthest position reached, or under advance the correct actions
         return TASK, self._view()
 
@@ -179,7 +192,9 @@ class ChainEnv(DrawnEnv[list[int]]):
 
     def _view(self) -> str:
         view = f"Step {self._position + 1} of {self.options.length}. The sign is {self._sign()}."
-        if self._strayed:
+        if self._strayed and self.options.on_wrong == "stuck":
+            view += " You went wrong and are stuck here; most actions do nothing."
+        elif self._strayed:
             view += " You went wrong; this path cannot reach the end."
         return view
 
@@ -203,6 +218,8 @@ class ChainEnv(DrawnEnv[list[int]]):
         right = action == self._correct[self._position][self._signs[self._position]]
         if on_wrong == "trap" and self._strayed:  # nothing leads out: the episode runs to the cap
             return self._view()
+        if on_wrong == "stuck" and self._strayed and self._escapes.random() >= self.options.escape:
+            return self._view()  # the action slips: the agent loops where it is
         if on_wrong == "advance":
             self._position += 1
             self._credit += int(right)
@@ -216,6 +233,7 @@ class ChainEnv(DrawnEnv[list[int]]):
             return "You reached the end of the path, but it was the wrong path."
         if right:
             self._position += 1
+            self._strayed = False  # stuck: a right action that takes effect frees the agent
             self._credit = max(self._credit, self._position)
             if self._position < length:
                 return self._view()
@@ -225,7 +243,7 @@ class ChainEnv(DrawnEnv[list[int]]):
             self._strayed = True
             self._finish(self._payoff(False), False)
             return "Wrong way: the chain breaks here."
-        if on_wrong == "trap":
+        if on_wrong in ("trap", "stuck"):
             self._strayed = True  # where it went wrong: its furthest position is the credit it keeps
         if on_wrong == "reset":
             self._position = 0

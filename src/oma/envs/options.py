@@ -2,7 +2,7 @@
 
 Each environment declares its options as a frozen dataclass whose field annotations say what is
 accepted: a ``Literal`` (one of its strings), ``bool``, ``int`` (with an optional ``min`` in the
-field's metadata), ``str`` (any non-empty string, e.g. a path) or ``tuple[Literal[...], ...]`` (a
+field's metadata), ``float`` (finite, within the metadata's ``min`` and ``max``), ``str`` (any non-empty string, e.g. a path) or ``tuple[Literal[...], ...]`` (a
 non-empty selection; a single string is a one-element selection). Reading the rules from the
 annotations keeps the documented type, the default and the check in one place, and lets every error
 name the field and list what is valid.
@@ -11,6 +11,7 @@ name the field and list what is valid.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
@@ -55,6 +56,12 @@ def _check(where: str, hint: Any, value: Any, metadata: Mapping[str, Any]) -> An
             bound = f" >= {low}" if low is not None else ""
             raise ValueError(f"{where} must be an integer{bound}; got {value!r}")
         return value
+    if hint is float:
+        low, high = metadata.get("min", -math.inf), metadata.get("max", math.inf)
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or not math.isfinite(value) or not low <= value <= high:
+            raise ValueError(f"{where} must be a number in [{low}, {high}]; got {value!r}")
+        return float(value)
     if hint is str:
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{where} must be a non-empty string; got {value!r}")

@@ -54,19 +54,24 @@ class Kind:
     actions: int
     caps: tuple[int, ...]
     """The default caps (docs/experiments.md#dose-response says how they were chosen)."""
+    options: tuple[str, ...] = ()
+    """Further ``env.options`` overrides of the kind's chain."""
 
     @property
     def overrides(self) -> tuple[str, ...]:
-        return chain(self.name, self.length, self.actions)
+        return chain(self.name, self.length, self.actions, *self.options)
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("stay", "loops", "changes nothing: failures loop to the cap", 6, 4, (12, 18, 24, 30)),
     Kind("reset", "resets", "sends the agent back to the start: failures loop to the cap", 6, 2, (8, 12, 24, 60)),
-    Kind("trap", "dead ends", "traps the agent, unable to win, until the cap", 4, 2, (5, 8, 12, 18)),
+    Kind("trap", "traps", "traps the agent, unable to win, until the cap", 4, 2, (5, 8, 12, 18)),
+    Kind("stuck", "sticky loops", "sticks the agent where it is, each later action taking effect with probability "
+         "0.01: failures loop to the cap, a late win stays possible", 4, 2, (5, 8, 12, 24), ("env.options.escape=0.01",)),
 )}
 """``stay`` and ``reset`` are the coupling map's `stay` (the preset) and `reset` chains (at cap 18 a cell is the map's
-setting), ``trap`` its dead-end chain (`end`'s) with failures that run to the cap. The default caps follow the pilot's
+setting), ``trap`` its dead-end chain (`end`'s) with failures that run to the cap, ``stuck`` the dead ends' chain with
+a loop left only by chance (``escape`` 0.01: the pilot in studies/dose-response/evidence/pilot-sticky-loops), which carries loops past the ratio of about 1.7 where ``stay`` stops. The default caps follow the pilot's
 rule (docs/experiments.md#dose-response): measured ratios near 1.2, 2, 3 and 4+ where row+native still has room."""
 
 ESTIMATORS: dict[str, tuple[str, ...]] = {"grpo": (), "gigpo": ("algo.estimator=gigpo",)}
@@ -359,7 +364,7 @@ def plot(m: dict[str, Any], path: Path) -> None:
     both ways, filled when the Δ's CI excludes 0) and its fitted line over its ratios."""
     from oma.diagnostics.plots import figure, save_png
 
-    colors = {"stay": "#1f4e9c", "reset": "#c0392b", "trap": "#27ae60"}
+    colors = {"stay": "#1f4e9c", "reset": "#c0392b", "trap": "#27ae60", "stuck": "#8e44ad"}
     styles = {"grpo": ("o", "-"), "gigpo": ("s", "--")}
     fig = figure(14.0, 8.0)
     for i, metric in enumerate(METRICS):

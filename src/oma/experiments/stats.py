@@ -4,6 +4,7 @@ r"""The statistics of a comparison (docs/experiments.md#the-metrics), as small p
 * :func:`nauc` — trapezoid area under the success curve on [0, H], divided by H.
 * :func:`mean_ci` — mean and 95% Student-t confidence interval over seeds.
 * :func:`paired_diff` — the same for per-seed differences (variant − baseline).
+* :func:`welch_diff` — the difference of two independent estimates (two studies, a study and a line), Welch's t.
 * :func:`t_quantile` — Student-t quantiles (no scipy: a bisection on the t CDF, computed with the
   regularised incomplete beta function).
 
@@ -294,3 +295,32 @@ def paired_diff(variant: Sequence[float], baseline: Sequence[float], level: floa
     if v.shape != b.shape:
         raise ValueError(f"paired_diff needs one value per seed on both sides, got {v.size} and {b.size}")
     return mean_ci(v - b, level)
+
+
+def welch_diff(a: Estimate, b: Estimate, df_a: float | None = None, df_b: float | None = None) -> Estimate:
+    r"""The difference a − b of two independent estimates, with Welch's CI and p: the direct test of whether two
+    results agree (two overlapping CIs are not one).
+
+        se_x = half-width_x / t_{(1+level)/2, df_x},   se = √(se_a² + se_b²),
+        ν = se⁴ / (se_a⁴/df_a + se_b⁴/df_b)   (Welch–Satterthwaite),
+        half-width = t_{(1+level)/2, ν} · se,   p = 2 · P(T_ν ≤ −|a − b| / se)
+
+    ``df_x`` defaults to n − 1 (a :func:`mean_ci` over n seeds); give n − 2 for a line's prediction. Both must share
+    one level. e.g. a = mean_ci([1, 2, 3]), b = mean_ci([0, 0, 1, 1]): 1.5 ± t_{0.975, 3} · √(1/3 + 1/12) = 1.5 ± 2.054
+    (ν = 3), p = 0.103, as Welch's t on the raw samples gives.
+    An undefined interval on either side gives an undefined difference (NaN half-width and p).
+    """
+    if a.level != b.level:
+        raise ValueError(f"welch_diff needs one level on both sides, got {a.level} and {b.level}")
+    dfs = [a.n - 1 if df_a is None else df_a, b.n - 1 if df_b is None else df_b]
+    n = a.n + b.n
+    if not (all(df > 0 for df in dfs) and math.isfinite(a.half_width) and math.isfinite(b.half_width)):
+        return Estimate(a.mean - b.mean, math.nan, n, a.level)
+    q = (1.0 + a.level) / 2.0
+    se_a, se_b = (e.half_width / t_quantile(q, df) for e, df in zip((a, b), dfs))
+    se = math.sqrt(se_a**2 + se_b**2)
+    diff = a.mean - b.mean
+    if se == 0.0:
+        return Estimate(diff, 0.0, n, a.level, float(diff == 0.0))
+    df = se**4 / (se_a**4 / dfs[0] + se_b**4 / dfs[1])
+    return Estimate(diff, t_quantile(q, df) * se, n, a.level, 2.0 * t_cdf(-abs(diff) / se, df))

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oma.experiments.stats import Estimate, holm, t_quantile
+from oma.experiments.stats import Estimate, holm, t_cdf, t_quantile
 from oma.experiments.variants import BASELINE
 from oma.files import read_json_object
 
@@ -117,6 +117,15 @@ def detectable(e: Estimate) -> float:
         return math.nan
     t = t_quantile(0.975, e.n - 1)
     return (t + t_quantile(0.8, e.n - 1)) * e.half_width / t
+
+
+def power(delta: float, e: Estimate) -> float:
+    """The chance this paired design resolves a true difference ``delta`` at two-sided 5%, by the same shifted
+    central t as :func:`detectable` (so ``power(detectable(e), e)`` is 0.8): P(T_{n−1} ≤ |delta| / SE − t_0.975)."""
+    if e.n < 2 or not math.isfinite(e.half_width) or e.half_width <= 0:
+        return math.nan
+    t = t_quantile(0.975, e.n - 1)
+    return t_cdf(abs(delta) / (e.half_width / t) - t, e.n - 1)
 
 
 def fmt(e: Estimate | None, digits: int = 3, signed: bool = True) -> str:
