@@ -242,3 +242,25 @@ def test_the_papers_numbers_sit_in_one_table_with_ours() -> None:
     assert all(x.startswith("| ") for x in lines[paper:ours[-1] + 1]), "a table ends between the paper's rows and ours"
     assert lines[paper - 1].startswith("|---") and lines[paper - 2].startswith("| where |")
     assert "| the paper: ALFWorld | success | OA+MA | failures expand much more than successes |" in lines[paper]
+
+
+def test_the_readmes_results_table_is_the_one_the_script_writes() -> None:
+    """README.md's block between the markers equals readme_block of the committed evidence, byte for byte: its rows
+    are the page's OA+MA rows, not numbers typed by hand."""
+    m = _module()
+    readme = m.README.read_text(encoding="utf-8")
+    start, end = readme.index(m.README_START), readme.index(m.README_END) + len(m.README_END)
+    assert readme[start:end] == m.readme_block(m.collect(STUDIES)), "README.md's results table is stale"
+
+
+def test_the_readme_block_has_every_tabular_setting_and_counts_harms_as_well_as_gains() -> None:
+    m = _module()
+    c = m.collect(STUDIES)
+    block = m.readme_block(c)
+    settings = json.loads((STUDIES / "tabular-coupling-map" / "map" / "map.json").read_text())["settings"]
+    assert all(f"(`{s}`)" in block for s in settings)
+    tab = [r for r in c["tested"] if r.block == "tabular" and r.compared == "OA+MA"]
+    harms = sum(r.holm and r.diff.mean < 0 for r in tab)
+    assert harms >= 1 and f"− in {harms} of its {len(tab)} settings" in block
+    with pytest.raises(m.SourceError, match="markers are missing"):
+        m.readme_with_block("# no markers here\n", block)

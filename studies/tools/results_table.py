@@ -20,6 +20,10 @@ Every Δ, CI and p-value is recomputed from per-seed numbers with :mod:`oma.expe
 baseline's gain over its warm start with :func:`oma.experiments.report.gain`. A missing or damaged
 source stops the script with one line naming the file.
 
+It also writes the README's results table (between the markers :data:`README_START` and :data:`README_END`):
+every OA+MA row of the page, named as docs/glossary.md names the settings, and the paper's; the test suite checks
+that the README's block equals what this script writes.
+
 ``--add-baseline-gain`` instead writes ``baseline_gain`` into each 2026-11-30 report's results.json,
 which predate the field (:func:`add_baseline_gain`).
 """
@@ -57,12 +61,23 @@ COMPONENTS = (("OA+MA", "OA+MA"), ("OA alone", "OA+native"), ("MA alone", "row+M
 """(what the row calls the compared accounting, the variant that measures it against row+native)."""
 
 PAPER = (
-    ("ALFWorld", "success", "+7.0 to +9.4 points", "failures expand much more than successes", "+"),
+    ("ALFWorld", "success", "+0.070 to +0.094", "failures expand much more than successes", "+"),
     ("WebShop", "success", "mixed", "", "mixed"),
-    ("WebShop-SOL", "nAUC", "0.399 → 0.511", "", "+"),
+    ("WebShop-SOL", "nAUC", "+0.112 (0.399 → 0.511)", "", "+"),
 )
 """The paper's numbers (arXiv 2611.16816), OA+MA against its baseline, and their sign: all we have of them (no CI,
 seeds or p)."""
+
+
+NAMES = {"advance": "no-expansion control", "end": "early ends", "end-progress": "early ends, partial credit",
+         "stay": "loops", "stay-progress": "loops, partial credit", "reset": "resets", "reset-gigpo": "resets",
+         "reset-gspo": "resets"}
+"""Each map setting's one name (docs/glossary.md#the-kinds-of-failure); the estimator is said beside it."""
+ESTIMATOR = {"reset-gigpo": "GiGPO", "reset-gspo": "GSPO-token"}
+"""The map's settings run GRPO unless named here."""
+README = ROOT / "README.md"
+README_START = "<!-- results table: written by studies/tools/results_table.py; do not edit by hand -->"
+README_END = "<!-- end of results table -->"
 
 
 class SourceError(ValueError):
@@ -234,7 +249,9 @@ def compare_rows(studies: Path, folder_name: str, block: str, where: str, label:
         cell = read_cell(folder)  # per-seed differences, row+native's ratio
         res = _read(path)
         g = baseline_gain(res, path)
-        measure = f"endpoint, held-out {res.get('metric', 'greedy')} success, H = {res['horizon']}"
+        its = sorted({tuple(r["endpoint_iterations"]) for r in res["runs"]})
+        measure = (f"held-out {res.get('metric', 'greedy')} success, mean of iterations "
+                   + "; ".join(", ".join(f"{i:g}" for i in t) for t in its))
         return [Row(block, where, label, measure, compared, study, folder_name, cell["paired"][variant]["endpoint"],
                     res["variants"][variant]["paired_seeds"], cell["ratio"], g)
                 for compared, variant in components if variant in cell["paired"]]
@@ -336,7 +353,7 @@ def sign_pattern(tested: list[Row], cap50: bool, slopes: list[dict[str, Any]]) -
     count = {s: sum(sign(r.diff, r.holm).startswith(s) for r in expand) for s in ("+", "−", "not")}
     lm_open = all(sign(r.diff, r.holm) == "not resolved" for r in ours if r.block == "lm")
     return [
-        ("**The paper**: OA+MA helps on ALFWorld (+7.0 to +9.4 points), where failures expand much more than "
+        ("**The paper**: OA+MA helps on ALFWorld (+0.070 to +0.094 in success), where failures expand much more than "
          "successes; mixed on WebShop; on WebShop-SOL nAUC rises from 0.399 to 0.511. Its pattern: positive where "
          "failures expand much more."),
         "",
@@ -439,10 +456,48 @@ def to_json(c: dict[str, Any]) -> dict[str, Any]:
             "history": [row(r) for r in c["history"]]}
 
 
-def write(studies: Path, out: Path) -> None:
+def readme_block(c: dict[str, Any]) -> str:
+    """The README's results table: OA+MA − row+native in every setting the page tests (LM rows in greedy success,
+    the success their plans named), then the paper's; and the count of signs, Holm across the page's family."""
+    def name(r: Row) -> str:
+        if r.block != "tabular":
+            return r.where.replace("LM lane, household", "LM, household")
+        setting = r.source.rsplit("/", 1)[1]
+        return f"tabular, {NAMES[setting]} (`{setting}`), {ESTIMATOR.get(setting, 'GRPO')}"
+
+    ours = [r for r in c["tested"] if r.compared == OMA and (r.block == "tabular" or "greedy" in r.measure)]
+    rows = [[f"[{name(r)}]({r.study.replace('../', 'studies/')})", r.measure.replace(" (pre-registered)", ""),
+             str(r.diff.n), _ci(r.diff), "✱" if r.holm else ""] for r in ours]
+    rows += [[f"the paper: {bench} (arXiv 2611.16816)", measure, "n/a", delta, "n/a"]
+             for bench, measure, delta, _, _ in PAPER]
+    tab = [r for r in ours if r.block == "tabular"]
+    up = sum(r.holm and r.diff.mean > 0 for r in tab)
+    down = sum(r.holm and r.diff.mean < 0 for r in tab)
+    own = sum(r.diff.significant and not r.holm for r in tab)
+    lm = [r for r in ours if r.block == "lm"]
+    summary = (f"Tabular lane: OA+MA − row+native is + in {up} and − in {down} of its {len(tab)} settings (✱: survives "
+               f"Holm across all {len(c['tested'])} differences of [the results page](studies/results/README.md))"
+               + (f", + by its own 95% CI only in {own}" if own else "") + f". LM lane: "
+               f"{sum(r.diff.significant for r in lm)} of its {len(lm)} differences has a 95% CI that excludes 0.")
+    return "\n".join([README_START, "",
+                      *_table(["where", "measure", "seeds", "OA+MA − row+native [95% CI]", "Holm"], rows),
+                      summary, "", README_END])
+
+
+def readme_with_block(text: str, block: str) -> str:
+    """``text`` (the README) with the part between the markers replaced by ``block``; SourceError without them."""
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise SourceError(f"{README}: the results-table markers are missing")
+    return text[:start] + block + text[end + len(README_END):]
+
+
+def write(studies: Path, out: Path, readme: Path | None = None) -> None:
     c = collect(studies)
     atomic_write_text(out / "results.json", json.dumps(to_json(c), indent=2) + "\n")
     atomic_write_text(out / "README.md", render(c))
+    if readme is not None:
+        atomic_write_text(readme, readme_with_block(readme.read_text(encoding="utf-8"), readme_block(c)))
 
 
 def main(argv: list[str]) -> int:
@@ -464,7 +519,7 @@ def main(argv: list[str]) -> int:
                 print(f"{path}: baseline_gain {_ci(g)}")
             return 0
         out = args.out or args.studies / "results"
-        write(args.studies, out)
+        write(args.studies, out, README if args.out is None and args.studies == ROOT / "studies" else None)
     except (SourceError, OSError) as e:
         print(f"results_table.py: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
