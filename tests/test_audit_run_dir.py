@@ -136,6 +136,19 @@ def test_verdict_for_one_sided_batch(tmp_path, capsys):
     assert oma_main(["audit", str(tmp_path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "None of the 8 trajectories counts as a success" in out
+    assert "docs/how-to-choose.md#no-ratio-yet." in out
+
+
+@pytest.mark.parametrize("ratio,anchor", [(1.05, "failures-expand-more"), (1.04, "no-expansion"),
+                                          (1 / 1.04, "no-expansion"), (1 / 1.05, "failures-expand-less")])
+def test_the_verdict_links_the_section_of_how_to_choose_for_the_batchs_expansion(ratio, anchor):
+    """The ±5% band the verdict calls 'about equally' is the no-expansion section; a one-sided batch has no ratio."""
+    from types import SimpleNamespace
+
+    from oma.diagnostics.figures import choose_anchor
+
+    assert choose_anchor(SimpleNamespace(successes=3, failures=2, expansion_ratio_fail_over_success=ratio)) == anchor
+    assert choose_anchor(SimpleNamespace(successes=0, failures=2, expansion_ratio_fail_over_success=ratio)) == "no-ratio-yet"
 
 
 def test_help_lists_audit(capsys):

@@ -150,6 +150,7 @@ def test_verdict_reads_the_figures(doc):
     assert "Failures expand 5.0x more than successes (50.0 vs 10.0 rows per trajectory)" in v
     assert "failures carry 83% of the objective mass" in v and "would give them 50%" in v
     assert "-0.624 with OA alone" in v and "switch OA and MA together" in v
+    assert v.endswith("in batches like this: docs/how-to-choose.md#failures-expand-more.")
     assert "\n" not in v
 
 

@@ -65,7 +65,8 @@ def cell_components(folder: Path) -> dict[str, Any]:
     d = {part: cell["paired"][v]["endpoint"] for part, v in PARTS}
     inter = [both - oa - ma for both, oa, ma in zip(d["OA+MA"], d["OA"], d["MA"])]
     return {"ratio": cell["ratio"], "seeds": seeds[0], "parts": {p: mean_ci(x) for p, x in d.items()},
-            "interaction": mean_ci(inter), "interaction_per_seed": inter}
+            "interaction": mean_ci(inter), "interaction_per_seed": inter,
+            "ma_minus_both": mean_ci([ma - both for ma, both in zip(d["MA"], d["OA+MA"])])}
 
 
 def collect(studies: Path) -> dict[str, Any]:
@@ -101,14 +102,16 @@ def render(c: dict[str, Any]) -> str:
            ("Per cell, held-out sampled success at the endpoint (mean of the last 3 evaluations up to H = 30), each "
             "accounting − row+native paired by seed, mean [95% CI]: OA = OA+native, MA = row+MA. **Interaction** = "
             "(OA+MA − row+native) − (OA − row+native) − (MA − row+native) per seed: what OA+MA gives beyond its two "
-            "parts added (0 = additive). **Bold** = the CI excludes 0; ✱ = the interaction survives Holm across "
+            "parts added (0 = additive). **MA − OA+MA** = MA alone against both, paired by seed: which of the two to "
+            "switch on. **Bold** = the CI excludes 0; ✱ = the interaction survives Holm across "
             f"all {len(cells)} cells (family-wise {ALPHA:.0%}); {kept} do. Ratio = row+native's K fail / K success."), "",
            "## Per cell", "",
-           "| cell | source | ratio | Δ OA | Δ MA | Δ OA+MA | interaction | Holm |", "|---|---|---|---|---|---|---|---|"]
+           "| cell | source | ratio | Δ OA | Δ MA | Δ OA+MA | interaction | Holm | MA − OA+MA |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for x in cells:
         out.append(f"| {x['cell']} | [{x['kind']}](../{x['source']}/report.md) | {x['ratio'].mean:.2f} | "
                    + " | ".join(_e(x["parts"][p]) for p, _ in PARTS)
-                   + f" | {_e(x['interaction'])} | {'✱' if x['holm'] else ''} |")
+                   + f" | {_e(x['interaction'])} | {'✱' if x['holm'] else ''} | {_e(x['ma_minus_both'])} |")
     out += ["", "## From the lowest ratio to the highest, per swept setting", "",
             ("The change of each Δ from the setting's lowest-ratio cell to its highest: Δ(high) − Δ(low), Welch's "
              "difference of two independent cells, mean [95% CI]. **Bold** = the CI excludes 0."), "",
@@ -127,6 +130,7 @@ def to_json(c: dict[str, Any]) -> dict[str, Any]:
                        "seeds": x["seeds"], "ratio": x["ratio"].to_dict(),
                        "parts": {p: e.to_dict() for p, e in x["parts"].items()},
                        "interaction": x["interaction"].to_dict(), "interaction_per_seed": x["interaction_per_seed"],
+                       "ma_minus_both": x["ma_minus_both"].to_dict(),
                        "holm": x["holm"]} for x in c["cells"]],
             "changes": [{**{k: ch[k] for k in ("setting", "from", "to", "ratios")},
                          "change": {p: e.to_dict() for p, e in ch["change"].items()}} for ch in c["changes"]]}

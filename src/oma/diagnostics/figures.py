@@ -491,4 +491,13 @@ def verdict(r: AuditReport) -> str:
         )
     if copies_unknown(r):
         parts.append(f"Padding copies: {NO_ROW_IDENTITY}.")
+    parts.append(f"What the evidence found for OA, MA and both in batches like this: docs/how-to-choose.md#{choose_anchor(r)}.")
     return " ".join(parts)
+
+
+def choose_anchor(r: AuditReport) -> str:
+    """The section of docs/how-to-choose.md for this batch's expansion: failures longer, shorter or as long."""
+    if not (r.successes and r.failures):
+        return "no-ratio-yet"
+    ratio = r.expansion_ratio_fail_over_success
+    return "failures-expand-more" if ratio >= 1.05 else "failures-expand-less" if ratio <= 1 / 1.05 else "no-expansion"
