@@ -33,14 +33,12 @@ which predate the field (:func:`add_baseline_gain`).
 import argparse
 import json
 import math
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oma.experiments.coupling_map import SETTINGS as MAP_SETTINGS
 from oma.experiments.report import BASELINE, RunResult, gain, load_run
 from oma.experiments.stats import Estimate, holm, mean_ci
 from oma.experiments.sweep import estimate, read_cell
@@ -198,9 +196,12 @@ def map_rows(studies: Path) -> list[Row]:
     names = list(_with_file(folder / "map.json", lambda: _read(folder / "map.json")["settings"]))
     if not names:
         raise SourceError(f"{folder / 'map.json'}: damaged (no settings)")
-    label = {s.name: re.split(r":| \(", s.coupling)[0] for s in MAP_SETTINGS}
+    unknown = [name for name in names if name not in NAMES]
+    if unknown:
+        raise SourceError(f"{folder / 'map.json'}: setting {unknown[0]!r} has no name in NAMES (docs/glossary.md)")
     return [row for name in names
-            for row in compare_rows(studies, f"{MAP}/{name}", "tabular", f"tabular, {label.get(name, name)} (`{name}`)",
+            for row in compare_rows(studies, f"{MAP}/{name}", "tabular",
+                                    f"tabular, {NAMES[name]} (`{name}`), {ESTIMATOR.get(name, 'GRPO')}",
                                     f"tabular `{name}`", "../tabular-coupling-map/README.md", COMPONENTS)]
 
 
@@ -459,14 +460,8 @@ def to_json(c: dict[str, Any]) -> dict[str, Any]:
 def readme_block(c: dict[str, Any]) -> str:
     """The README's results table: OA+MA − row+native in every setting the page tests (LM rows in greedy success,
     the success their plans named), then the paper's; and the count of signs, Holm across the page's family."""
-    def name(r: Row) -> str:
-        if r.block != "tabular":
-            return r.where.replace("LM lane, household", "LM, household")
-        setting = r.source.rsplit("/", 1)[1]
-        return f"tabular, {NAMES[setting]} (`{setting}`), {ESTIMATOR.get(setting, 'GRPO')}"
-
     ours = [r for r in c["tested"] if r.compared == OMA and (r.block == "tabular" or "greedy" in r.measure)]
-    rows = [[f"[{name(r)}]({r.study.replace('../', 'studies/')})", r.measure.replace(" (pre-registered)", ""),
+    rows = [[f"[{r.where.replace('LM lane, household', 'LM, household')}]({r.study.replace('../', 'studies/')})", r.measure.replace(" (pre-registered)", ""),
              str(r.diff.n), _ci(r.diff), "✱" if r.holm else ""] for r in ours]
     rows += [[f"the paper: {bench} (arXiv 2611.16816)", measure, "n/a", delta, "n/a"]
              for bench, measure, delta, _, _ in PAPER]
