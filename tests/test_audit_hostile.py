@@ -210,3 +210,52 @@ def test_write_errors_name_the_target(tmp_path, capsys, monkeypatch, flag):
     err = capsys.readouterr().err
     assert err == f"oma audit: error: {flag} {target}: cannot write: No space left on device\n"
     assert list(target.parent.iterdir()) == []
+
+
+# ---- #69: outputs never land on inputs or foreign files ------------------------------------------------------
+
+
+def _refused(tmp_path: Path, capsys, *args: str) -> str:
+    assert oma_main(["audit", *args, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("oma audit: error: ") and "Traceback" not in err, err
+    assert not [p for p in tmp_path.rglob(".*") if ".tmp-" in p.name]  # no staged report left behind
+    return err.strip()
+
+
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, capsys):
+    """#69: `oma audit b.jsonl --json b.jsonl` replaced the batch with its report."""
+    batch = write(tmp_path, "b.jsonl", jsonl(GOOD))
+    before = batch.read_bytes()
+    err = _refused(tmp_path, capsys, str(batch), "--json", str(batch))
+    assert f"--json {batch}: {batch} is one of this command's inputs" in err
+    assert batch.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag, page", [("--html", "index.html"), ("--md", "report.md"), ("--md", "mu_shift.png")])
+def test_a_page_the_audit_did_not_write_is_refused_and_kept(tmp_path, capsys, flag, page):
+    """#69: `echo mine > site/index.html; oma audit b.jsonl --html site` replaced the user's index.html (and --md
+    notes/report.md, and a PNG of the same name beside it)."""
+    batch = write(tmp_path, "b.jsonl", jsonl(GOOD))
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / page).write_text("mine\n")
+    err = _refused(tmp_path, capsys, str(batch), flag, str(folder))
+    assert f"{flag} {folder}: {folder / page} exists and was not written by this command" in err
+    assert [p.name for p in folder.iterdir()] == [page] and (folder / page).read_text() == "mine\n"
+
+
+def test_a_json_the_audit_did_not_write_is_refused_and_its_own_replaced(tmp_path, capsys):
+    """#69: --json onto a user's JSON is refused; onto the audit's own JSON, and its pages onto their own (both
+    pages in one folder, written again), it writes as before."""
+    batch = write(tmp_path, "b.jsonl", jsonl(GOOD))
+    mine = write(tmp_path, "mine.json", '{"my": 1}\n')
+    assert "exists and was not written by this command" in _refused(tmp_path, capsys, str(batch), "--json", str(mine))
+    assert mine.read_text() == '{"my": 1}\n'
+    out, pages = tmp_path / "a.json", tmp_path / "pages"
+    for _ in range(2):
+        assert oma_main(["audit", str(batch), "--json", str(out), "--html", str(pages), "--md", str(pages),
+                         "--quiet"]) == 0
+    assert json.loads(out.read_text())["rows"] == 4
+    assert {p.name for p in pages.iterdir()} == {"index.html", "report.md", "rows_per_trajectory.png",
+                                                   "mass_share.png", "mu_shift.png"}

@@ -140,12 +140,14 @@ def _base_record(base, horizon: int, out: Path, dump: bool) -> dict:
 
 
 def _check_out(out: Path) -> None:
-    """Refuse an ``--out`` that compare did not make: compare writes only into a new folder, an empty one, or one
-    that holds its own compare.json (a folder holding nothing but the lock, :data:`oma.train.CLAIM`, is one a
-    compare locked and stopped in before its first write)."""
+    """Refuse an ``--out`` that compare did not make, before anything is created in it: compare writes only into a
+    new folder, an empty one, or one that holds its own compare.json, checked field by field (a folder holding
+    nothing but the lock, :data:`oma.train.CLAIM`, is one a compare locked and stopped in before its first write)."""
     if out.exists() and not out.is_dir():
         raise CompareError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and not (out / "compare.json").exists() and any(p.name != CLAIM for p in out.iterdir()):
+    if (out / "compare.json").exists():
+        read_compare_json(out)  # a compare.json compare did not write is refused here, before the lock is created
+    elif out.is_dir() and any(p.name != CLAIM for p in out.iterdir()):
         raise CompareError(f"--out {out}: holds files but no compare.json; expected a new or empty folder, or one "
                            "an earlier `oma compare` wrote (rerun into it to resume); give another --out")
 
