@@ -48,6 +48,7 @@ from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run, worker_pool
+from oma.files import user_path
 from oma.train import CLAIM, config_diff
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
@@ -228,7 +229,7 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     if horizon < 1:
         raise CompareError(f"--horizon must be >= 1, got {horizon} (the config's iterations)")
     stem = Path(args.config).stem if args.config else "default"
-    out = Path(args.out) if args.out else Path("runs") / f"compare-{stem}"
+    out = user_path(args.out) if args.out else Path("runs") / f"compare-{stem}"
     _check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     # one compare at a time in a folder (two would overwrite each other's compare.json); the OS releases the lock

@@ -288,6 +288,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if not value > 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
     for key, value in {"iterations": cfg.iterations, "env.history_length": cfg.env.history_length,
+                       "samples_per_iter": cfg.samples_per_iter,
                        "warm_start.episodes": cfg.warm_start.episodes, "warm_start.epochs": cfg.warm_start.epochs,
                        "algo.kl_coef": cfg.algo.kl_coef, "algo.step_advantage_w": cfg.algo.step_advantage_w,
                        "env.invalid_penalty": cfg.env.invalid_penalty,
@@ -296,6 +297,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     _check_seed_ranges(cfg)
+    _check_paths(cfg)
+    if cfg.policy.temperature < TEMPERATURE_MIN:
+        raise ConfigError(f"policy.temperature must be >= {TEMPERATURE_MIN:g}, got {cfg.policy.temperature}: the policy "
+                          "divides its float32 logits by it, and a smaller one makes them inf")
     for key, value in {"env.train_max_steps": cfg.env.train_max_steps,
                        "env.eval_max_steps": cfg.env.eval_max_steps}.items():
         if value is not None and not value > 0:
@@ -363,6 +368,21 @@ def _check_seed_ranges(cfg: TrainConfig) -> None:
                           f"start at {DEMO_SEED_OFFSET}), got {offset}")
 
 
+def _check_paths(cfg: TrainConfig) -> None:
+    """A path setting (:data:`PATH_KEYS`) names something: not empty, and no control character (a newline or a tab
+    in a folder's name is a typo, or a value pasted whole)."""
+    for key in PATH_KEYS:
+        value = _flat(to_dict(cfg))[key]
+        if not value.strip():
+            raise ConfigError(f"{key} must not be empty; give a path")
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(f"{key}={value!r} holds a control character (a newline, a tab, …); give a path without one")
+
+
+TEMPERATURE_MIN = 1e-3
+"""The lowest ``policy.temperature``: π_T divides float32 logits by T, so logits of a few hundred stay far from
+float32's overflow at it, while ``1e-300`` is 0 in float32 (the rollouts then sample from NaN)."""
+
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: the policy's weights, logits and scores are float32, so a larger option overflows in them."""
 
@@ -417,8 +437,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     layers = []  # (layer, whether setting env.options replaces it whole)
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():  # not is_file(): a pipe (`oma train /dev/stdin`, `<(...)`) is a preset too
             raise ConfigError(f"config file {str(path)!r} does not exist")
+        if p.is_dir():
+            raise ConfigError(f"config file {str(path)!r} is a folder; give a YAML preset such as configs/x.yaml")
         try:
             text = p.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
@@ -435,11 +457,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: "
                               f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.mass=native)")
+        except OmegaConfBaseException as e:  # a key OmegaConf cannot hold: `? null`, a float
+            raise ConfigError(f"config file {str(path)!r}: {str(e).splitlines()[0]}; a preset's keys are names, such as "
+                              "algo or iterations") from None
     try:
-        layers.append((OmegaConf.from_dotlist(list(overrides)), False))
+        layers.append((_override_layer(overrides), False))
         merged = OmegaConf.structured(TrainConfig)
         for layer, replaces in layers:
             name = OmegaConf.select(layer, "env.name")
@@ -457,6 +479,41 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key = getattr(e, "full_key", "?")
         raise ConfigError(f"bad value for config key {key!r}: {str(e).splitlines()[0]}") from None
     return validate(cfg)
+
+
+PATH_KEYS: tuple[str, ...] = ("out_dir", "warm_start.cache_dir", "policy.model")
+"""Keys whose value is a path: an override of one is taken as written, not read as YAML (which would turn
+``out_dir=od/x #1`` into ``od/x`` and a newline into a space), and the path is read by
+:func:`oma.files.user_path` wherever it is opened (``~`` is the home folder, from a preset or the command line)."""
+
+
+def _override_layer(overrides: list[str] | tuple[str, ...]):
+    """The ``key=value`` overrides as one OmegaConf layer: a value is YAML (``iterations=5``, ``env.options={a: 1}``)
+    except for :data:`PATH_KEYS`, kept as text; ConfigError naming the override whose value is not YAML."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    layer = OmegaConf.create()
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.mass=native)")
+        if key.strip() in PATH_KEYS:
+            OmegaConf.update(layer, key.strip(), value, merge=True)
+            continue
+        try:
+            layer.merge_with_dotlist([item])
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)}); quote it or "
+                              "write it as in a preset (e.g. iterations=5, env.options.goals=[place])") from None
+    return layer
+
+
+def _yaml_problem(e) -> str:
+    """What PyYAML says is wrong, in one line, with no source excerpt."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}{where}"
 
 
 ALIAS_BUDGET = 10_000
