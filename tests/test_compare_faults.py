@@ -349,3 +349,20 @@ def test_item12_a_running_compare_writes_its_time_so_far(tmp_path, monkeypatch):
     assert beats[0][1]["status"] == "running" and beats[0][1]["trained"] == []
     last = json.loads((out / "compare.json").read_text())["history"]
     assert len(last) == 1 and last[0]["status"] == "finished" and last[0]["wall_time_s"] > beats[0][1]["wall_time_s"]
+
+
+def test_69_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    """#69: `oma compare --out` on a full disk was an OSError traceback; it is one line naming the file, exit 1 (a
+    failure while running, docs/guarantees.md)."""
+    import errno
+
+    import oma.files
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(oma.files, "atomic_write_text", full)
+    out = tmp_path / "c"
+    assert oma_main(_args(out, 2, "--variants", "baseline", "--seeds", "1")) == 1
+    assert _one_line_error(capsys, "oma compare: error: ") == \
+        f"oma compare: error: {out / 'compare.json'}: No space left on device"

@@ -48,8 +48,10 @@ from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run, worker_pool
+from oma.errors import os_error_line, os_error_status
 from oma.files import user_path
 from oma.train import CLAIM, config_diff
+from oma.train.config import SEED_MAX
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
 
@@ -64,6 +66,10 @@ RESERVED: dict[str, str] = {
     "dump_batches": "it is true, so the report audits the dumped batches; --no-dump makes it false",
 }
 """Config keys `oma compare` sets itself: an override of one is an error naming the right flag."""
+
+MAX_SEEDS = 10_000
+"""The most seeds (``--seeds``) of one comparison: each is a run per variant, so more is no comparison one machine
+finishes (and 10**20 was an OverflowError traceback)."""
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage block
@@ -116,8 +122,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise CompareError(f"--variants {args.variants!r} is not valid; expected one of {list(VARIANT_SETS)}")
     if args.seeds < 1:
         raise CompareError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.seeds > MAX_SEEDS:
+        raise CompareError(f"--seeds must be <= {MAX_SEEDS} (a run per variant each), got {args.seeds}")
     if args.first_seed < 0:
         raise CompareError(f"--first-seed must be >= 0, got {args.first_seed}")
+    if args.first_seed + args.seeds - 1 > SEED_MAX:
+        raise CompareError(f"--first-seed + --seeds - 1 must be <= 2**40 (the seeds F..F+S-1 are the runs' `seed`), "
+                           f"got {args.first_seed + args.seeds - 1}")
     if args.horizon is not None and args.horizon < 1:
         raise CompareError(f"--horizon must be >= 1, got {args.horizon}")
     if args.jobs < 1:
@@ -446,3 +457,6 @@ def main(argv: list[str]) -> int:
     except (CompareError, ConfigError, FileNotFoundError) as e:
         print(f"oma compare: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk (1), or an --out that cannot be written (2)
+        print(f"oma compare: error: {' '.join(os_error_line(e).split())}", file=sys.stderr)
+        return os_error_status(e)
