@@ -685,3 +685,43 @@ def test_69_a_path_that_cannot_be_used_is_bad_input(tmp_path, capsys, monkeypatc
     err = _one_line_error(capsys)
     assert says in err and "[Errno" not in err, err
     assert not os.path.exists(out)  # nothing made there (a dangling link stays as the user left it)
+
+
+def test_69_ctrl_c_before_the_first_checkpoint_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """#69: Ctrl-C while the first checkpoint was written said "rerun with --resume", a resume then refused ("no
+    usable checkpoint"), and the folder stayed claimed, so a fresh run went to out_dir-2. It says there is nothing
+    to resume and removes the folder; the next run gets out_dir itself."""
+    from oma.train import loop
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "r"
+    with monkeypatch.context() as m:
+        m.setattr(loop, "save_checkpoint", ctrl_c)
+        assert oma_main(["train", *FAST, "iterations=2", f"out_dir={out}"]) == 130
+    assert "interrupted before its first checkpoint; nothing to resume" in _one_line_error(capsys)
+    assert not out.exists()
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_69_resume_to_fewer_iterations_than_trained_is_refused(tmp_path, capsys):
+    """#69: `iterations=12` then `iterations=4 --resume` was exit 0, progress "12/4", and config.json rewritten to 4
+    while the metrics held 12 iterations. Refused in one line, the folder as it was."""
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=4", f"out_dir={out}"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".oma-run"}
+    assert oma_main(["train", *FAST, "iterations=2", f"out_dir={out}", "--resume"]) == 2
+    assert "iterations=2 is below the 4 iterations" in _one_line_error(capsys)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".oma-run"} == before
+
+
+def test_69_a_duplicated_metrics_line_does_not_survive_a_resume(tmp_path):
+    """#69: a line of metrics.jsonl written twice (iteration 4 twice) survived --resume; each iteration is kept once."""
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=4", "checkpoint_every=2", f"out_dir={out}"]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join([*lines, lines[-1]]) + "\n")
+    assert oma_main(["train", *FAST, "iterations=5", "checkpoint_every=2", f"out_dir={out}", "--resume"]) == 0
+    assert [r["iteration"] for r in _metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]

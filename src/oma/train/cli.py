@@ -68,8 +68,12 @@ def main(argv: list[str]) -> int:
         cfg.out_dir = str(run_dir)
         train(cfg, run_dir, resume=args.resume)
     except KeyboardInterrupt:
-        print(f"oma train: interrupted; rerun with --resume (out_dir={run_dir}) to continue from its latest checkpoint",
-              file=sys.stderr)
+        if _abandon(run_dir, args.resume):
+            print(f"oma train: interrupted before its first checkpoint; nothing to resume, so {run_dir} was removed",
+                  file=sys.stderr)
+        else:
+            print(f"oma train: interrupted; rerun with --resume (out_dir={run_dir}) to continue from its latest "
+                  "checkpoint", file=sys.stderr)
         return 130
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         _abandon(run_dir, args.resume)
@@ -86,8 +90,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _abandon(run_dir: Path | None, resume: bool) -> None:
-    """Remove a folder this command claimed if it failed before its first checkpoint: with nothing to resume
-    from it holds no result, and left behind it would send the next run to ``out_dir-2``."""
+def _abandon(run_dir: Path | None, resume: bool) -> bool:
+    """Remove a folder this command claimed if it failed (or was interrupted) before its first checkpoint: with
+    nothing to resume from it holds no result, and left behind it would send the next run to ``out_dir-2``.
+    Whether it was removed."""
     if run_dir is not None and not resume and not any((run_dir / "checkpoints").glob("iter_*")):
         shutil.rmtree(run_dir, ignore_errors=True)
+        return True
+    return False
