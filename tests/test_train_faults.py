@@ -725,3 +725,36 @@ def test_69_a_duplicated_metrics_line_does_not_survive_a_resume(tmp_path):
     (out / "metrics.jsonl").write_text("\n".join([*lines, lines[-1]]) + "\n")
     assert oma_main(["train", *FAST, "iterations=5", "checkpoint_every=2", f"out_dir={out}", "--resume"]) == 0
     assert [r["iteration"] for r in _metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("override, says", [
+    ("env.tasks_per_iter=100000000000", "env.tasks_per_iter=100000000000 × env.group_size=3 × env.options.max_steps=4 "
+     "steps need about 1.09 PB for one training batch (at least 1024 bytes a step); this machine has 8 GiB"),
+    ("env.group_size=1000000000", "env.tasks_per_iter=2 × env.group_size=1000000000 × env.options.max_steps=4 steps "
+     "need about 7.45 TB for one training batch"),
+    ("env.options.max_steps=1000000000000", "env.options.max_steps=1000000000000 steps need about 5.46 PB for one "
+     "training batch"),
+])
+def test_69_options_that_cannot_fit_in_memory_are_refused_with_the_estimate(tmp_path, capsys, monkeypatch, override,
+                                                                           says):
+    """#69 item 4: env.tasks_per_iter=10^11 grew until the OOM killer ended it, env.group_size=10^9 and
+    env.options.max_steps=10^12 ran with no output. Options whose rows cannot fit in this machine's memory are one
+    line with the estimate, exit 2, before any folder is made."""
+    import oma.train.config
+
+    monkeypatch.setattr(oma.train.config, "memory_bytes", lambda: 8 * 2**30)
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "env.options.max_steps=4", "iterations=1", override, f"out_dir={out}"]) == 2
+    assert says in _one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_69_every_preset_fits_a_small_machine():
+    """#69 item 4: the size estimate refuses nothing a preset asks for, on a machine of 4 GiB."""
+    import oma.envs
+    from oma.train.config import check_sizes
+
+    for preset in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        cfg = load_config(preset)
+        cap = getattr(oma.envs.make(cfg.env.name, **cfg.env.options), "max_steps", None)
+        check_sizes(cfg, cap, memory=4 * 2**30)

@@ -11,6 +11,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,6 +367,61 @@ def _check_seed_ranges(cfg: TrainConfig) -> None:
         raise ConfigError(f"env.eval_seed_offset must be in [1, {top}] (held-out seeds are it + k for k < "
                           f"env.eval_tasks={cfg.env.eval_tasks}, training seeds are taken modulo it, demonstration seeds "
                           f"start at {DEMO_SEED_OFFSET}), got {offset}")
+
+
+ROW_BYTES = 1024
+"""A lower bound on the memory one agent step (a row) takes while a run holds it: its prompt text, token ids and
+per-token log-probabilities, or for the tabular policy its state, its admissible actions and its transcript
+entry, are each more than 1 KiB in Python objects. :func:`check_sizes` refuses what cannot fit even at this."""
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("EB", 2**60), ("PB", 2**50), ("TB", 2**40), ("GiB", 2**30)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n / 2**20:.3g} MiB"
+
+
+def check_sizes(cfg: TrainConfig, cap: int | None, memory: int | None = None) -> None:
+    """Refuse options whose rows cannot fit in this machine's memory (``memory``, default :func:`memory_bytes`),
+    before anything runs: a training batch holds env.tasks_per_iter × env.group_size episodes, an evaluation
+    env.eval_tasks, the warm start's demonstrations warm_start.episodes, each of up to its step cap (``cap``, the
+    environment's; ``env.train_max_steps`` / ``env.eval_max_steps`` where lower) rows of at least
+    :data:`ROW_BYTES`. The estimate is a lower bound, so a run it lets through may still need more."""
+    memory = memory_bytes() if memory is None else memory
+    if memory is None:
+        return
+    env = cfg.env
+
+    def steps(key: str | None) -> str:
+        """``× KEY=N steps``: the setting that caps an episode's steps there."""
+        limit = None if key is None else _flat(to_dict(cfg))[key]
+        if limit is not None and (cap is None or limit < cap):
+            return f"{key}={limit}"
+        return f"env.options.max_steps={cap}" if "max_steps" in env.options else f"{env.name}'s step cap {cap}"
+
+    batches = [  # (what, where, rows)
+        (f"env.tasks_per_iter={env.tasks_per_iter} × env.group_size={env.group_size} × {steps('env.train_max_steps')}",
+         "one training batch", env.tasks_per_iter * env.group_size * min(x for x in (cap, env.train_max_steps, 2**62) if x)),
+        (f"env.eval_tasks={env.eval_tasks} × {steps('env.eval_max_steps')}", "one evaluation",
+         env.eval_tasks * min(x for x in (cap, env.eval_max_steps, 2**62) if x)),
+    ]
+    if cfg.warm_start.enabled:
+        batches.append((f"warm_start.episodes={cfg.warm_start.episodes} × {steps(None)}",
+                        "the warm start's demonstrations", cfg.warm_start.episodes * (cap or 1)))
+    for what, where, rows in batches:
+        need = float(rows) * ROW_BYTES
+        if need > memory:
+            raise ConfigError(f"{what} steps need about {_size(need)} for {where} (at least {ROW_BYTES} bytes a step); "
+                              f"this machine has {_size(memory)}: lower them")
 
 
 def _check_paths(cfg: TrainConfig) -> None:

@@ -47,7 +47,7 @@ from oma.hosts import HostOptions, HostStep
 from oma.core.segments import segments
 from oma.files import atomic_write_text, read_jsonl
 from oma.train.checkpoint import checkpoints, clean_debris, resume_from_checkpoint, save_checkpoint
-from oma.train.config import ConfigError, TrainConfig, config_diff, saved_config, to_dict
+from oma.train.config import ConfigError, TrainConfig, check_sizes, config_diff, saved_config, to_dict
 from oma.train.lock import held
 from oma.train.warmstart import build_policy, library_versions
 
@@ -80,6 +80,7 @@ def make_env(cfg: TrainConfig) -> Callable[[], object]:
         if cap is not None and value is not None and value > cap:
             raise ConfigError(f"{key}: {value} is above {cfg.env.name}'s step cap of {cap}, which ends "
                               f"every episode first; raise env.options.max_steps to at least {value}, or lower it")
+    check_sizes(cfg, cap)
     return lambda: oma.envs.make(cfg.env.name, **cfg.env.options)
 
 
