@@ -259,3 +259,10 @@ def test_a_json_the_audit_did_not_write_is_refused_and_its_own_replaced(tmp_path
     assert json.loads(out.read_text())["rows"] == 4
     assert {p.name for p in pages.iterdir()} == {"index.html", "report.md", "rows_per_trajectory.png",
                                                    "mass_share.png", "mu_shift.png"}
+
+
+def test_a_role_given_two_columns_is_refused(tmp_path, capsys):
+    """#69: `--col score=A --col score=B` read B without a word."""
+    path = write(tmp_path, "ok.jsonl", jsonl([dict(r, other=1.0) for r in GOOD]))
+    err = fails(tmp_path, capsys, str(path), "--col", "score=score", "--col", "score=other")
+    assert "--col 'score=other': score is already read from column 'score'" in err

@@ -138,6 +138,9 @@ def parse_col_args(items: list[str] | None) -> dict[str, str]:
             raise AuditInputError(f"--col {item!r} is not ROLE=COLUMN (e.g. --col traj_id=traj_uid)")
         if role not in ROLES:
             raise AuditInputError(f"--col {item!r}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        if role in out and out[role] != source:  # the last one would win without a word
+            raise AuditInputError(f"--col {item!r}: {role} is already read from column {out[role]!r}; give one --col "
+                                  f"{role}=COLUMN")
         out[role] = source
     return out
 
