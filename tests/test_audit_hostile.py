@@ -266,3 +266,23 @@ def test_a_role_given_two_columns_is_refused(tmp_path, capsys):
     path = write(tmp_path, "ok.jsonl", jsonl([dict(r, other=1.0) for r in GOOD]))
     err = fails(tmp_path, capsys, str(path), "--col", "score=score", "--col", "score=other")
     assert "--col 'score=other': score is already read from column 'score'" in err
+
+
+def test_a_broken_jsonl_line_is_named_by_its_line_number(tmp_path, capsys):
+    """#69: a broken JSONL line was reported as pyarrow's "row 18" (0-based, blank lines skipped), not its line."""
+    lines = [json.dumps(r) for r in GOOD] * 5
+    lines.insert(3, "")
+    lines[18] = '{"group_id": 0, "traj_id": '  # line 19 of the file
+    path = write(tmp_path, "b.jsonl", "\n".join(lines) + "\n")
+    assert f"cannot read {path} as jsonl: line 19 is not a JSON object" in fails(tmp_path, capsys, str(path))
+
+
+def test_a_pipe_is_named_as_one_not_as_an_empty_file(tmp_path, capsys):
+    """#69: `oma audit <(cat b.jsonl)` was reported as an empty file."""
+    read, write_end = os.pipe()
+    try:
+        err = fails(tmp_path, capsys, f"/dev/fd/{read}", "--format", "jsonl")
+    finally:
+        os.close(read)
+        os.close(write_end)
+    assert f"/dev/fd/{read} is not a regular file (a pipe or a device)" in err
