@@ -240,7 +240,8 @@ class TrainConfig:
     """Write a resumable checkpoint every this many iterations (and at the end); at most every ``iterations // 2``,
     so a short run killed halfway can resume too."""
     out_dir: str = "runs/household-gigpo-oma"
-    """Run directory (an existing one gets a numbered sibling unless resuming)."""
+    """Run directory (an existing one gets a numbered sibling unless resuming). A path: an override of it is taken
+    as written, and ``~`` is the home folder (:data:`PATH_KEYS`)."""
     dump_batches: bool = False
     """Write each iteration's batch as Parquet under out_dir/batches for `oma audit`."""
     samples_per_iter: int = 2
