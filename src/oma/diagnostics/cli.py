@@ -253,6 +253,15 @@ def _audit_file(path: Path, args: argparse.Namespace, columns: dict[str, str]):
     )
 
 
+def _audit_named(path: Path, args: argparse.Namespace, columns: dict[str, str]):
+    """:func:`_audit_file` of one of a run folder's batches, its error naming the batch (``--all`` reads many)."""
+    try:
+        return _audit_file(path, args, columns)
+    except (ValueError, TypeError) as err:
+        text = _one_line(err)
+        raise AuditInputError(text if str(path) in text else f"{path}: {text}") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     columns = parse_col_args(args.col)
     _check_options(args)
@@ -267,7 +276,7 @@ def _run(args: argparse.Namespace) -> int:
                 "(a run trained with train.dump_batches=true writes them)"
             )
         if args.all:
-            items = [(it, _audit_file(p, args, columns)) for it, p in batches]
+            items = [(it, _audit_named(p, args, columns)) for it, p in batches]
             report = items[-1][1]
         else:
             chosen = batches[-1]
