@@ -50,8 +50,7 @@ from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run, worker_pool
 from oma.errors import os_error_line, os_error_status
 from oma.files import user_path
-from oma.train import CLAIM, config_diff
-from oma.train.config import SEED_MAX
+from oma.train import CLAIM, SEED_MAX, config_diff
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
 
