@@ -402,22 +402,25 @@ def check_sizes(cfg: TrainConfig, cap: int | None, memory: int | None = None) ->
         return
     env = cfg.env
 
-    def steps(key: str | None) -> str:
-        """``× KEY=N steps``: the setting that caps an episode's steps there."""
+    def steps(key: str | None) -> tuple[int, str]:
+        """An episode's most steps there and the setting that caps them (1 step when none is known: a lower bound)."""
         limit = None if key is None else _flat(to_dict(cfg))[key]
         if limit is not None and (cap is None or limit < cap):
-            return f"{key}={limit}"
-        return f"env.options.max_steps={cap}" if "max_steps" in env.options else f"{env.name}'s step cap {cap}"
+            return limit, f"{key}={limit}"
+        if cap is None:
+            return 1, "1 step (no step cap known)"
+        return cap, f"env.options.max_steps={cap}" if "max_steps" in env.options else f"{env.name}'s step cap {cap}"
 
+    (train, train_key), (evals, eval_key), (demo, demo_key) = (steps(k) for k in ("env.train_max_steps",
+                                                                                   "env.eval_max_steps", None))
     batches = [  # (what, where, rows)
-        (f"env.tasks_per_iter={env.tasks_per_iter} × env.group_size={env.group_size} × {steps('env.train_max_steps')}",
-         "one training batch", env.tasks_per_iter * env.group_size * min(x for x in (cap, env.train_max_steps, 2**62) if x)),
-        (f"env.eval_tasks={env.eval_tasks} × {steps('env.eval_max_steps')}", "one evaluation",
-         env.eval_tasks * min(x for x in (cap, env.eval_max_steps, 2**62) if x)),
+        (f"env.tasks_per_iter={env.tasks_per_iter} × env.group_size={env.group_size} × {train_key}",
+         "one training batch", env.tasks_per_iter * env.group_size * train),
+        (f"env.eval_tasks={env.eval_tasks} × {eval_key}", "one evaluation", env.eval_tasks * evals),
     ]
     if cfg.warm_start.enabled:
-        batches.append((f"warm_start.episodes={cfg.warm_start.episodes} × {steps(None)}",
-                        "the warm start's demonstrations", cfg.warm_start.episodes * (cap or 1)))
+        batches.append((f"warm_start.episodes={cfg.warm_start.episodes} × {demo_key}",
+                        "the warm start's demonstrations", cfg.warm_start.episodes * demo))
     for what, where, rows in batches:
         need = float(rows) * ROW_BYTES
         if need > memory:
