@@ -210,3 +210,79 @@ def test_write_errors_name_the_target(tmp_path, capsys, monkeypatch, flag):
     err = capsys.readouterr().err
     assert err == f"oma audit: error: {flag} {target}: cannot write: No space left on device\n"
     assert list(target.parent.iterdir()) == []
+
+
+# ---- #69: outputs never land on inputs or foreign files ------------------------------------------------------
+
+
+def _refused(tmp_path: Path, capsys, *args: str) -> str:
+    assert oma_main(["audit", *args, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("oma audit: error: ") and "Traceback" not in err, err
+    assert not [p for p in tmp_path.rglob(".*") if ".tmp-" in p.name]  # no staged report left behind
+    return err.strip()
+
+
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, capsys):
+    """#69: `oma audit b.jsonl --json b.jsonl` replaced the batch with its report."""
+    batch = write(tmp_path, "b.jsonl", jsonl(GOOD))
+    before = batch.read_bytes()
+    err = _refused(tmp_path, capsys, str(batch), "--json", str(batch))
+    assert f"--json {batch}: {batch} is one of this command's inputs" in err
+    assert batch.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag, page", [("--html", "index.html"), ("--md", "report.md"), ("--md", "mu_shift.png")])
+def test_a_page_the_audit_did_not_write_is_refused_and_kept(tmp_path, capsys, flag, page):
+    """#69: `echo mine > site/index.html; oma audit b.jsonl --html site` replaced the user's index.html (and --md
+    notes/report.md, and a PNG of the same name beside it)."""
+    batch = write(tmp_path, "b.jsonl", jsonl(GOOD))
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / page).write_text("mine\n")
+    err = _refused(tmp_path, capsys, str(batch), flag, str(folder))
+    assert f"{flag} {folder}: {folder / page} exists and was not written by this command" in err
+    assert [p.name for p in folder.iterdir()] == [page] and (folder / page).read_text() == "mine\n"
+
+
+def test_a_json_the_audit_did_not_write_is_refused_and_its_own_replaced(tmp_path, capsys):
+    """#69: --json onto a user's JSON is refused; onto the audit's own JSON, and its pages onto their own (both
+    pages in one folder, written again), it writes as before."""
+    batch = write(tmp_path, "b.jsonl", jsonl(GOOD))
+    mine = write(tmp_path, "mine.json", '{"my": 1}\n')
+    assert "exists and was not written by this command" in _refused(tmp_path, capsys, str(batch), "--json", str(mine))
+    assert mine.read_text() == '{"my": 1}\n'
+    out, pages = tmp_path / "a.json", tmp_path / "pages"
+    for _ in range(2):
+        assert oma_main(["audit", str(batch), "--json", str(out), "--html", str(pages), "--md", str(pages),
+                         "--quiet"]) == 0
+    assert json.loads(out.read_text())["rows"] == 4
+    assert {p.name for p in pages.iterdir()} == {"index.html", "report.md", "rows_per_trajectory.png",
+                                                   "mass_share.png", "mu_shift.png"}
+
+
+def test_a_role_given_two_columns_is_refused(tmp_path, capsys):
+    """#69: `--col score=A --col score=B` read B without a word."""
+    path = write(tmp_path, "ok.jsonl", jsonl([dict(r, other=1.0) for r in GOOD]))
+    err = fails(tmp_path, capsys, str(path), "--col", "score=score", "--col", "score=other")
+    assert "--col 'score=other': score is already read from column 'score'" in err
+
+
+def test_a_broken_jsonl_line_is_named_by_its_line_number(tmp_path, capsys):
+    """#69: a broken JSONL line was reported as pyarrow's "row 18" (0-based, blank lines skipped), not its line."""
+    lines = [json.dumps(r) for r in GOOD] * 5
+    lines.insert(3, "")
+    lines[18] = '{"group_id": 0, "traj_id": '  # line 19 of the file
+    path = write(tmp_path, "b.jsonl", "\n".join(lines) + "\n")
+    assert f"cannot read {path} as jsonl: line 19 is not a JSON object" in fails(tmp_path, capsys, str(path))
+
+
+def test_a_pipe_is_named_as_one_not_as_an_empty_file(tmp_path, capsys):
+    """#69: `oma audit <(cat b.jsonl)` was reported as an empty file."""
+    read, write_end = os.pipe()
+    try:
+        err = fails(tmp_path, capsys, f"/dev/fd/{read}", "--format", "jsonl")
+    finally:
+        os.close(read)
+        os.close(write_end)
+    assert f"/dev/fd/{read} is not a regular file (a pipe or a device)" in err

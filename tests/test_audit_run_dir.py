@@ -163,3 +163,26 @@ def test_np_and_torch_inputs_agree(tmp_path):
     p1 = write_batch(tmp_path / "a.parquet", **b)
     p2 = write_batch(tmp_path / "b.parquet", **{k: np.asarray(v) for k, v in b.items()})
     assert pq.read_table(p1).equals(pq.read_table(p2))
+
+
+def test_all_names_the_batch_it_cannot_audit(tmp_path, capsys):
+    """#69: `oma audit RUN --all` named neither the file holding a NaN nor that it skipped a batch behind a
+    dangling symlink. Each is one line naming the batch."""
+    import pyarrow as pa
+
+    run = make_run(tmp_path)
+    two = batch_path(run, 2)
+    table = pq.read_table(two)
+    scores = table.column("score").to_pylist()
+    scores[3] = float("nan")
+    pq.write_table(table.set_column(table.schema.get_field_index("score"), "score", pa.array(scores)), two)
+    assert oma_main(["audit", str(run), "--all", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(two) in err and "NaN" in err, err
+
+    two.unlink()
+    dangling = batch_path(run, 5)
+    dangling.symlink_to(tmp_path / "gone.parquet")
+    assert oma_main(["audit", str(run), "--all", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(dangling) in err, err

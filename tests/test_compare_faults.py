@@ -191,6 +191,44 @@ def _files(folder: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".oma-run"}
 
 
+def test_69_a_compare_json_compare_did_not_write_is_refused_before_the_lock_is_made(tmp_path, capsys):
+    """#69: `mkdir u; echo '{"my":1}' > u/compare.json; oma compare --out u ...` was refused but left u/.oma-run."""
+    out = tmp_path / "u"
+    out.mkdir()
+    (out / "compare.json").write_text('{"my":1}\n')
+    assert oma_main(_args(out, 2, "--variants", "baseline", "--seeds", "1")) == 2
+    assert "compare.json: no 'command'" in _one_line_error(capsys, "oma compare: error: ")
+    assert [p.name for p in out.iterdir()] == ["compare.json"] and (out / "compare.json").read_text() == '{"my":1}\n'
+
+
+@pytest.mark.parametrize("target, says", [
+    ("compare.json", "is one of this command's inputs"),
+    ("row+native/seed-0/metrics.jsonl", "is one of this command's inputs"),
+    ("../notes.md", "exists and was not written by this command"),
+    ("../success_curves.png", "exists and was not written by this command"),
+])
+def test_69_report_never_writes_over_its_inputs_or_a_file_it_did_not_write(finished, tmp_path, capsys, target, says):
+    """#69: `oma report CMP --out CMP/compare.json` (or a run's metrics.jsonl) overwrote it with Markdown; so did
+    --out onto a user's file, and the PNGs beside --out onto the user's PNGs. Refused, every file as it was."""
+    out = _copy(finished, tmp_path)
+    for name in ("notes.md", "success_curves.png"):
+        (tmp_path / name).write_text("mine\n")
+    before = {**_files(out), **{p: p.read_bytes() for p in tmp_path.glob("*.*")}}
+    path = out / target if target != "../success_curves.png" else tmp_path / "new.md"
+    assert oma_main(["report", str(out), "--out", str(path)]) == 2
+    assert says in _one_line_error(capsys, f"oma report: error: --out {path}: ")
+    assert {**_files(out), **{p: p.read_bytes() for p in tmp_path.glob("*.*")}} == before
+
+
+def test_69_report_writes_again_over_its_own_report(finished, tmp_path):
+    """#69: the rule refuses foreign files only: a report written again over its own report (and PNGs) succeeds."""
+    out = _copy(finished, tmp_path)
+    for _ in range(2):
+        assert oma_main(["report", str(out), "--out", str(tmp_path / "mine.md")]) == 0
+    assert (tmp_path / "mine.md").read_text().startswith("# oma compare: ")
+    assert oma_main(["report", str(out)]) == 0
+
+
 def _without_horizon(path: Path) -> None:
     doc = json.loads(path.read_text())
     del doc["horizon"]
@@ -311,3 +349,20 @@ def test_item12_a_running_compare_writes_its_time_so_far(tmp_path, monkeypatch):
     assert beats[0][1]["status"] == "running" and beats[0][1]["trained"] == []
     last = json.loads((out / "compare.json").read_text())["history"]
     assert len(last) == 1 and last[0]["status"] == "finished" and last[0]["wall_time_s"] > beats[0][1]["wall_time_s"]
+
+
+def test_69_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    """#69: `oma compare --out` on a full disk was an OSError traceback; it is one line naming the file, exit 1 (a
+    failure while running, docs/guarantees.md)."""
+    import errno
+
+    import oma.files
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(oma.files, "atomic_write_text", full)
+    out = tmp_path / "c"
+    assert oma_main(_args(out, 2, "--variants", "baseline", "--seeds", "1")) == 1
+    assert _one_line_error(capsys, "oma compare: error: ") == \
+        f"oma compare: error: {out / 'compare.json'}: No space left on device"

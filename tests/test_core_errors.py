@@ -167,3 +167,30 @@ def test_split_trajectory_error_carries_the_ids():
         batch_structure(torch.tensor([5, 5, 8, 8]), torch.tensor([2, 4, 4, 6]))
     assert (err.value.traj_id, err.value.group_ids, err.value.n_split) == (4, (5, 8), 1)
     assert isinstance(err.value, ValueError)
+
+
+# ---- #69: numbers that are not finite, counts that are not integers, text that is not UTF-8 ---------------------
+
+
+def _gigpo(**kwargs):
+    return gigpo_advantages(S, torch.zeros(4), torch.tensor([0, 0, 1, 1]), G, T, torch.zeros(4, dtype=torch.long),
+                            **kwargs)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: _gigpo(step_advantage_w=float("inf")), ValueError, r"step_advantage_w must be >= 0 and finite, got inf"),
+    (lambda: outcome_advantages(S, G, T, eps=float("inf")), ValueError, r"eps must be >= 0 and finite, got inf"),
+    (lambda: outcome_advantages(S, G, T, eps="1e-6"), TypeError, r"eps must be a number, got str '1e-6'"),
+    (lambda: token_weights(M, G, T, reducer="seq-mean-token-sum-norm", loss_scale_factor=float("inf")), ValueError,
+     r"loss_scale_factor must be > 0 and finite, got inf"),
+    (lambda: micro_batches(2.5, 2), TypeError, r"n_rows must be an integer, got float 2.5"),
+    (lambda: micro_batches(4, 2.0), TypeError, r"max_rows must be an integer, got float 2.0"),
+    (lambda: trajectory_minibatches(T, 2.0), TypeError, r"num_minibatches must be an integer, got float 2.0"),
+    (lambda: anchor_ids(["ok", "bad \udce9"]), ValueError, r"states\[1\] is not encodable as UTF-8"),
+])
+def test_69_a_bad_argument_is_named(call, error, match):
+    """#69: step_advantage_w=inf gave all-NaN advantages, an infinite eps or loss_scale_factor all zeros,
+    micro_batches(2.5, 2) float indices; a float num_minibatches, a string eps and an unencodable anchor text raised
+    errors that did not name the argument. Each is refused naming it."""
+    with pytest.raises(error, match=match):
+        call()

@@ -450,6 +450,8 @@ def test_report_says_when_nothing_is_significant(tmp_path):
     (["--variants", "3x3"], "--variants '3x3' is not valid; expected one of ['2x2', '2', '3', 'baseline']"),
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--first-seed", "-1"], "--first-seed must be >= 0"),
+    (["--seeds", "100000000000000000000"], "--seeds must be <= 10000"),  # #69: an OverflowError traceback
+    (["--first-seed", str(2**40)], "--first-seed + --seeds - 1 must be <= 2**40"),
     (["--horizon", "0"], "--horizon must be >= 1"),
     (["--jobs", "0"], "--jobs must be >= 1"),
     (["--seeds", "many"], "--seeds"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import json
 import math
+import signal
 import tempfile
 from pathlib import Path
 
@@ -112,3 +113,19 @@ def test_the_temporary_work_folder_is_removed_after_a_run_that_succeeds(tmp_path
     folders = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert len(folders) == int(kept)
     assert result["log"] == (str(folders[0] / "train.log") if kept else None)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["TERM", "INT", "KILL"])
+def test_the_run_and_its_processes_die_with_the_smoke_command(tmp_path, sig):
+    """#69 item 3: `oma skyrl-smoke` killed (SIGTERM, SIGKILL) left its run, Ray's processes and its temporary work
+    folder behind; Ctrl-C was a traceback. Now nothing of the run is alive after it, the folder is gone, and
+    Ctrl-C is one line with exit status 130."""
+    from smoke_guard import stop_smoke
+
+    status, err, alive, tmp = stop_smoke(tmp_path, "skyrl-smoke", "oma.integrations.skyrl.smoke",
+                                         "oma.integrations.skyrl.smoke", sig)
+    assert alive == [] and list(tmp.iterdir()) == []
+    if sig == signal.SIGINT:
+        assert status == 130 and err == "oma skyrl-smoke: interrupted; the run and every process it started were ended\n"
+    else:
+        assert status == -sig

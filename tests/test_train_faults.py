@@ -576,3 +576,185 @@ def test_a_run_whose_warm_start_cache_is_damaged_warns_in_one_line_and_trains(tm
     warnings = [ln for ln in (second.stdout + second.stderr).splitlines() if any(w in ln for w in ("warning", "damaged", "safetensors", "rebuilding"))]
     assert len(warnings) == 1 and str(entry) in warnings[0] and "model/model.safetensors" in warnings[0], warnings
     assert _metrics(tmp_path / "b" / "metrics.jsonl") == _metrics(tmp_path / "a" / "metrics.jsonl")
+
+
+# ---- #69: hostile overrides, paths and folders ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override", ["env.group_size=[1", "env.group_size=\t1", "env.group_size=\x01",
+                                      "env.group_size=!!python/object/apply:os.system [true]"])
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_69_an_override_that_is_not_yaml_is_one_line_naming_it(tmp_path, capsys, command, override):
+    """#69: YAML errors inside command-line overrides (`'iterations=[1'`, a tab, a control character, a
+    `!!python/object/apply` tag) were tracebacks in `oma train` and `oma compare`; they are one line naming the
+    override, exit 2, and nothing is created."""
+    out = tmp_path / "r"
+    flag = f"out_dir={out}" if command == "train" else f"--out={out}"
+    assert oma_main([command, *FAST, override, flag]) == 2
+    err = _one_line_error(capsys)
+    assert f"override {override!r}: the value is not valid YAML" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_69_a_path_override_is_taken_as_written_and_tilde_is_home(tmp_path, capsys, monkeypatch):
+    """#69: `out_dir=od/hash #1` wrote to od/hash (YAML read `#1` as a comment) and `~` in out_dir made a literal
+    ./~ folder, from a preset or the command line, while warm_start.cache_dir expanded it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert oma_main(["train", *FAST, "iterations=1", "out_dir=od/hash #1"]) == 0
+    assert [p.name for p in (tmp_path / "od").iterdir()] == ["hash #1"]
+    preset = tmp_path / "p.yaml"
+    preset.write_text("out_dir: ~/runs/a\n")
+    assert oma_main(["train", str(preset), *FAST, "iterations=1"]) == 0
+    assert oma_main(["train", *FAST, "iterations=1", "out_dir=~/runs/b"]) == 0
+    assert sorted(p.name for p in (tmp_path / "home" / "runs").iterdir()) == ["a", "b"]
+    assert not (tmp_path / "~").exists()
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["out_dir=od/nl\nrun"], "out_dir='od/nl\\nrun' holds a control character"),
+    (["out_dir="], "out_dir must not be empty"),
+    (["samples_per_iter=-1"], "samples_per_iter must be >= 0, got -1"),
+    (["policy.temperature=1e-300"], "policy.temperature must be >= 0.001, got 1e-300"),
+])
+def test_69_bad_settings_are_one_line_and_create_nothing(tmp_path, capsys, monkeypatch, overrides, says):
+    """#69: a newline in out_dir wrote to `od/nl run`, samples_per_iter=-1 was accepted, and policy.temperature=1e-300
+    passed "> 0" and underflowed to a NaN traceback. Each is one line, exit 2, nothing created."""
+    monkeypatch.chdir(tmp_path)
+    assert oma_main(["train", *FAST, "iterations=1", *overrides]) == 2
+    assert says in _one_line_error(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_69_a_preset_with_a_key_that_is_no_name_is_one_line(tmp_path, capsys):
+    """#69: a preset with a `null` key (`? null\\n: 2`) was an OmegaConf traceback."""
+    preset = tmp_path / "p.yaml"
+    preset.write_text("? null\n: 2\n")
+    assert oma_main(["train", str(preset), f"out_dir={tmp_path / 'r'}"]) == 2
+    assert f"config file {str(preset)!r}: " in _one_line_error(capsys)
+    assert not (tmp_path / "r").exists()
+
+
+def test_69_a_preset_read_from_a_pipe_is_a_preset(tmp_path):
+    """#69: `oma train /dev/stdin` (stdin a pipe) said the file "does not exist"."""
+    run = subprocess.run([sys.executable, "-m", "oma.cli", "train", "/dev/stdin", *FAST, f"out_dir={tmp_path / 'r'}"],
+                         input=b"iterations: 1\n", capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["iterations"] == 1
+
+
+def _model_folder(tmp_path: Path, config: str) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    return folder
+
+
+@pytest.mark.parametrize("case, says", [
+    ("long", "File name too long"),
+    ("dangling", "is a symbolic link to"),
+    ("read-only", "Read-only file system"),
+    ("bad-json", "cannot be loaded as a Hugging Face model"),
+    ("big", "cannot be loaded as a Hugging Face model"),
+    ("cache-file", "Not a directory"),
+])
+def test_69_a_path_that_cannot_be_used_is_bad_input(tmp_path, capsys, monkeypatch, case, says):
+    """#69: a 300-character out_dir, a read-only file system, a dangling-symlink out_dir ("File exists"), a model
+    folder with bad JSON and a cache dir that is a file were exit 1 (a failure while running) and some a traceback
+    that left the run folder ("hidden_size": "big"); each is the user's input: one line, exit 2, no run folder."""
+    out, extra = tmp_path / "r", []
+    if case == "long":
+        out = tmp_path / ("x" * 300)
+    elif case == "dangling":
+        out.symlink_to(tmp_path / "nowhere")
+    elif case == "read-only":
+        def read_only(self, *args, **kwargs):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+        monkeypatch.setattr(Path, "mkdir", read_only)
+    elif case in ("bad-json", "big"):
+        model = _model_folder(tmp_path, "{bad" if case == "bad-json" else '{"model_type": "qwen2", "hidden_size": "big"}')
+        extra = [f"policy.model={model}", "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2",
+                 "optim.num_minibatches=1", "warm_start.episodes=2", f"warm_start.cache_dir={tmp_path / 'cache'}"]
+    else:
+        (tmp_path / "cache").write_text("a file")
+        extra = [*WARM_LM, "env.eval_tasks=2", "env.tasks_per_iter=2", "env.group_size=2", "optim.num_minibatches=1",
+                 f"warm_start.cache_dir={tmp_path / 'cache'}"]
+    args = [*FAST, *extra] if case not in ("bad-json", "big", "cache-file") else ["tensorboard=false", *extra]
+    assert oma_main(["train", *args, "iterations=1", f"out_dir={out}"]) == 2
+    err = _one_line_error(capsys)
+    assert says in err and "[Errno" not in err, err
+    assert not os.path.exists(out)  # nothing made there (a dangling link stays as the user left it)
+
+
+def test_69_ctrl_c_before_the_first_checkpoint_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """#69: Ctrl-C while the first checkpoint was written said "rerun with --resume", a resume then refused ("no
+    usable checkpoint"), and the folder stayed claimed, so a fresh run went to out_dir-2. It says there is nothing
+    to resume and removes the folder; the next run gets out_dir itself."""
+    from oma.train import loop
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "r"
+    with monkeypatch.context() as m:
+        m.setattr(loop, "save_checkpoint", ctrl_c)
+        assert oma_main(["train", *FAST, "iterations=2", f"out_dir={out}"]) == 130
+    assert "interrupted before its first checkpoint; nothing to resume" in _one_line_error(capsys)
+    assert not out.exists()
+    assert oma_main(["train", *FAST, "iterations=1", f"out_dir={out}"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]
+
+
+def test_69_resume_to_fewer_iterations_than_trained_is_refused(tmp_path, capsys):
+    """#69: `iterations=12` then `iterations=4 --resume` was exit 0, progress "12/4", and config.json rewritten to 4
+    while the metrics held 12 iterations. Refused in one line, the folder as it was."""
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=4", f"out_dir={out}"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".oma-run"}
+    assert oma_main(["train", *FAST, "iterations=2", f"out_dir={out}", "--resume"]) == 2
+    assert "iterations=2 is below the 4 iterations" in _one_line_error(capsys)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".oma-run"} == before
+
+
+def test_69_a_duplicated_metrics_line_does_not_survive_a_resume(tmp_path):
+    """#69: a line of metrics.jsonl written twice (iteration 4 twice) survived --resume; each iteration is kept once."""
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "iterations=4", "checkpoint_every=2", f"out_dir={out}"]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join([*lines, lines[-1]]) + "\n")
+    assert oma_main(["train", *FAST, "iterations=5", "checkpoint_every=2", f"out_dir={out}", "--resume"]) == 0
+    assert [r["iteration"] for r in _metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("override, says", [
+    ("env.tasks_per_iter=100000000000", "env.tasks_per_iter=100000000000 × env.group_size=3 × env.options.max_steps=4 "
+     "steps need about 1.09 PB for one training batch (at least 1024 bytes a step); this machine has 8 GiB"),
+    ("env.group_size=1000000000", "env.tasks_per_iter=2 × env.group_size=1000000000 × env.options.max_steps=4 steps "
+     "need about 7.45 TB for one training batch"),
+    ("env.options.max_steps=1000000000000", "env.options.max_steps=1000000000000 steps need about 5.46 PB for one "
+     "training batch"),
+])
+def test_69_options_that_cannot_fit_in_memory_are_refused_with_the_estimate(tmp_path, capsys, monkeypatch, override,
+                                                                           says):
+    """#69 item 4: env.tasks_per_iter=10^11 grew until the OOM killer ended it, env.group_size=10^9 and
+    env.options.max_steps=10^12 ran with no output. Options whose rows cannot fit in this machine's memory are one
+    line with the estimate, exit 2, before any folder is made."""
+    import oma.train.config
+
+    monkeypatch.setattr(oma.train.config, "memory_bytes", lambda: 8 * 2**30)
+    out = tmp_path / "r"
+    assert oma_main(["train", *FAST, "env.options.max_steps=4", "iterations=1", override, f"out_dir={out}"]) == 2
+    assert says in _one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_69_every_preset_fits_a_small_machine():
+    """#69 item 4: the size estimate refuses nothing a preset asks for, on a machine of 4 GiB."""
+    import oma.envs
+    from oma.train.config import check_sizes
+
+    for preset in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        cfg = load_config(preset)
+        cap = getattr(oma.envs.make(cfg.env.name, **cfg.env.options), "max_steps", None)
+        check_sizes(cfg, cap, memory=4 * 2**30)

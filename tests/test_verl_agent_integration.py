@@ -451,6 +451,42 @@ def test_the_check_command_reads_the_audit_dump(tmp_path, capsys):
 # ---- the whole objective: KL loss and entropy bonus refused under MA, or opted in and measured ----------
 
 
+def _tokens(value):
+    def damage(batch):
+        batch["response_tokens"] = batch["response_tokens"].astype(float)
+        batch["response_tokens"][1] = value
+    return damage
+
+
+def _no_tokens(batch):
+    batch["response_tokens"] = np.zeros_like(batch["response_tokens"])
+
+
+@pytest.mark.parametrize("damage, name, says", [
+    (_tokens(-3), "b.parquet", "column 'response_tokens' must hold whole numbers >= 0, found -3.0 at row 1"),
+    (_tokens(2.5), "b.parquet", "column 'response_tokens' must hold whole numbers >= 0, found 2.5 at row 1"),
+    (_no_tokens, "b.parquet", "no row has a response token"),
+    (None, "missing.parquet", "missing.parquet: no such file"),
+])
+def test_69_the_check_command_refuses_what_the_audit_refuses(tmp_path, capsys, damage, name, says):
+    """#69: `check` took negative token counts as 0, truncated fractional ones, printed `nan` for an all-zero mask
+    and named a missing file by its path alone; each is one line saying what is wrong (exit 2)."""
+    if damage is not None:
+        batch = sim.simulate(3)
+        damage(batch)
+        sim.write(batch, tmp_path / name)
+    assert check_main(["check", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_69_the_check_command_reads_parquet_whatever_its_name(tmp_path, capsys):
+    """#69: a Parquet file named `.pq` was read as JSON."""
+    sim.write(sim.simulate(3), tmp_path / "b.parquet")
+    (tmp_path / "b.parquet").rename(tmp_path / "b.pq")
+    assert check_main(["check", str(tmp_path / "b.pq")]) == 0
+    assert "24 trajectories" in capsys.readouterr().out.splitlines()[0]
+
 def test_the_actors_other_terms_are_refused_under_mass_alignment_unless_opted_in():
     for mass in ("uniform", "group"):
         with pytest.raises(VerlAgentConfigError, match=r"use_kl_loss=True \(kl_loss_coef=0.01\)"):

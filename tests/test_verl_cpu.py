@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import types
 
 import pytest
@@ -236,3 +237,20 @@ def test_the_temporary_work_folder_is_removed_after_a_run_that_succeeds(tmp_path
     folders = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert len(folders) == int(kept)
     assert result["log"] == (str(folders[0] / "train.log") if kept else None)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=["TERM", "INT", "KILL"])
+def test_the_run_and_its_processes_die_with_the_smoke_command(tmp_path, sig):
+    """#69 item 3: `oma verl-smoke --steps 50 & sleep 60; kill $!` left the verl driver and its Ray session (22-30
+    processes, about 5 GB) running under PID 1 and its temporary folder behind; Ctrl-C was a KeyboardInterrupt
+    traceback with exit status 1. With a stand-in for verl's trainer that starts grandchildren, nothing of the run
+    is alive after the command, the folder is gone, and Ctrl-C is one line with exit status 130."""
+    from smoke_guard import stop_smoke
+
+    status, err, alive, tmp = stop_smoke(tmp_path, "verl-smoke", "oma.integrations.verl.smoke",
+                                         "oma.integrations.verl.smoke_inputs", sig)
+    assert alive == [] and list(tmp.iterdir()) == []
+    if sig == signal.SIGINT:
+        assert status == 130 and err == "oma verl-smoke: interrupted; the run and every process it started were ended\n"
+    else:
+        assert status == -sig

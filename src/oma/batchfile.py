@@ -135,6 +135,6 @@ def run_batches(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     found = []
     for p in folder.iterdir():
         m = _BATCH_RE.match(p.name)
-        if m and p.is_file():
+        if m and (p.is_file() or p.is_symlink()):  # a dangling link is a batch that cannot be read: its reader names it
             found.append((int(m.group(1)), p))
     return sorted(found)

@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -118,3 +119,60 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
                 raise ValueError(f"{path}: line {n} is a JSON {type(record).__name__}, not an object")
             records.append(record)
     return records
+
+
+def user_path(value: str | os.PathLike) -> Path:
+    """A path a user gave (a setting such as ``out_dir``, ``warm_start.cache_dir`` or ``policy.model``, or a flag
+    such as ``--out``), read the one way every command reads it: a leading ``~`` is the home folder, as a shell
+    would make it, so a preset's ``out_dir: ~/runs/x`` and the command line's ``out_dir=~/runs/x`` name one folder."""
+    return Path(value).expanduser()
+
+
+class OutputRefused(ValueError):
+    """An output path that would land on an input or on a file the writer did not write; the message names the
+    option, the file and what to do."""
+
+
+def written_by(path: Path, marks: tuple[str, ...]) -> bool:
+    """Whether the file ``path`` begins with one of ``marks``, the first characters each of oma's writers puts in
+    the files it writes (``# oma audit: ``, ``# oma compare: ``, …): how a writer knows a file it may replace."""
+    head = max(len(m) for m in marks)
+    try:
+        with open(path, "rb") as f:
+            start = f.read(head).decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return start.startswith(marks)
+
+
+def _is_or_holds(outer: Path, path: Path) -> bool:
+    """Whether ``path`` is ``outer`` (the same file, by any name) or lies inside the folder ``outer``."""
+    try:
+        if os.path.lexists(path) and os.path.exists(outer) and os.path.samefile(outer, path):
+            return True
+    except OSError:
+        pass
+    a, b = outer.resolve(), path.resolve()
+    return a == b or a in b.parents
+
+
+def check_outputs(option: str, main: Path, marks: tuple[str, ...], *, beside: Iterable[str] = (),
+                  inputs: Iterable[Path] = (), owners: Iterable[str] = ()) -> None:
+    """The one rule every writer of oma follows before it writes: the file ``main`` and the files named ``beside``
+    in its folder (the PNGs of a report, …) are never one of the command's ``inputs`` (a file, or anything inside
+    an input folder) and never an existing file the writer did not write. ``main`` is the writer's when it begins
+    with one of ``marks`` (:func:`written_by`); a file beside it is the writer's when ``main``, or another of the
+    writer's files named in ``owners`` in that folder, is (they were written together). Raises
+    :class:`OutputRefused` naming ``option`` and the file; writes nothing."""
+    targets = [main, *(main.parent / name for name in beside)]
+    for target in targets:
+        for source in inputs:
+            if _is_or_holds(Path(source), target):
+                raise OutputRefused(f"{option}: {target} is one of this command's inputs; give another path")
+    if main.is_dir():
+        raise OutputRefused(f"{option}: {main} is a folder; give a file name")
+    ours = any(written_by(main.parent / name, marks) for name in (main.name, *owners))
+    for target in targets:
+        if os.path.lexists(target) and not (written_by(main, marks) if target == main else ours):
+            raise OutputRefused(f"{option}: {target} exists and was not written by this command; give a new path, "
+                                "or move the file away")

@@ -30,12 +30,12 @@ from safetensors import SafetensorError
 from torch import Tensor
 
 from oma.agent.imitation import DEMO_SEED_OFFSET, demonstrations, sft
-from oma.agent.policy import (action_response_logprobs, allowed_rows, load_model, load_tokenizer, response_logprobs,
+from oma.agent.policy import (model_folder_error, action_response_logprobs, allowed_rows, load_model, load_tokenizer, response_logprobs,
                               tiny_model, train_tokenizer)
 from oma.agent.rollout import Rollout, Rows, rollout
 from oma.agent.tabular import TabularPolicy, imitate, tabular_rollout
 from oma.errors import ConfigError
-from oma.files import follow_umask, sha256_file
+from oma.files import follow_umask, sha256_file, user_path
 
 if TYPE_CHECKING:
     from oma.train.config import TrainConfig
@@ -119,7 +119,8 @@ class TokenLM(PolicyKind):
         t0 = time.perf_counter()
         tiny = cfg.policy.model == "tiny"
         if not tiny:  # fail on a bad path before spending time on demonstrations
-            model, tokenizer = load_model(cfg.policy.model), _user_tokenizer(cfg.policy.model)
+            folder = user_path(cfg.policy.model)
+            model, tokenizer = load_model(folder), _user_tokenizer(str(folder))
         need_demos = ws.enabled or tiny  # the tiny policy's tokenizer is trained on demonstration text
         demos = demonstrations(make_env, max(ws.episodes, 1), ws.noise, cfg.env.history_length, cfg.env.show_actions) if need_demos else []
         if tiny:
@@ -250,7 +251,10 @@ def _rows_at(rows: Rows, idx: Tensor) -> tuple[list[list[int]], list[list[int]],
 def _user_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 — as in load_model: the folder is the user's
+        raise model_folder_error(path, e) from None
     if tokenizer.eos_token is None:
         raise ValueError(f"policy.model: the tokenizer in {path!r} has no eos_token; the policy needs one to end an action")
     if tokenizer.pad_token is None:

@@ -79,7 +79,19 @@ def load_model(path: str | Path):
         raise FileNotFoundError(f"policy.model: {str(path)!r} is not a directory (expected a local Hugging Face model folder)")
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"policy.model: {str(path)!r} has no config.json; expected a Hugging Face model folder")
-    return AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True)
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True)
+    except Exception as e:  # noqa: BLE001 — any error here is the folder's (a config.json with "hidden_size": "big"
+        # raises huggingface_hub's own Exception subclass), and the user's to fix
+        raise model_folder_error(path, e) from None
+
+
+def model_folder_error(path: str | Path, err: Exception) -> Exception:
+    """The error of a model folder that transformers cannot load, one line naming ``policy.model``."""
+    from oma.errors import ConfigError
+
+    return ConfigError(f"policy.model: {str(path)!r} cannot be loaded as a Hugging Face model "
+                       f"({' '.join(str(err).split())[:300]})")
 
 
 @dataclass

@@ -22,6 +22,10 @@ def anchor_ids(states: Sequence[str]) -> Tensor:
     for k, text in enumerate(states):
         if not isinstance(text, str):
             raise TypeError(f"states[{k}] must be str, got {type(text).__name__}")
-        digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, as a bad decode with errors="surrogateescape" leaves
+            raise ValueError(f"states[{k}] is not encodable as UTF-8 ({e.reason} at character {e.start})") from None
+        digest = hashlib.blake2b(data, digest_size=8).digest()
         ids.append(int.from_bytes(digest, "little", signed=True))
     return torch.tensor(ids, dtype=torch.int64)

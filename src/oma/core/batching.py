@@ -17,16 +17,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from oma.core.validate import check_index
+from oma.core.validate import check_count, check_index
 from oma.core.segments import segments
 
 
 def micro_batches(n_rows: int, max_rows: int) -> list[Tensor]:
     """Consecutive row-index chunks of at most ``max_rows`` rows covering 0..n_rows-1."""
-    if n_rows < 0:
-        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
-    if max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    check_count("n_rows", n_rows, 0)
+    check_count("max_rows", max_rows, 1)
     return list(torch.arange(n_rows).split(max_rows))
 
 
@@ -38,6 +36,7 @@ def trajectory_minibatches(traj_index: Tensor, num_minibatches: int, *, generato
     Mass Alignment see every row of a trajectory together. Returns row indices, each sorted.
     """
     traj_index = check_index("traj_index", traj_index)
+    check_count("num_minibatches", num_minibatches, 1)
     traj = segments(traj_index)
     if not 1 <= num_minibatches <= max(traj.n, 1):
         raise ValueError(f"num_minibatches must be in [1, {max(traj.n, 1)}] (the trajectory count), got {num_minibatches}")

@@ -8,6 +8,8 @@ instead of becoming NaN three functions later.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -72,10 +74,22 @@ def check_same_device(**tensors: Tensor) -> None:
 
 
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    """``value`` is a finite real number > 0 (>= 0 with ``allow_zero``): an inf ``eps`` or weight turns every
+    advantage into 0 or NaN, and a string fails later in an error that does not name the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
     ok = value >= 0 if allow_zero else value > 0
-    if not ok:
+    if not (ok and math.isfinite(value)):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound}, got {value}")
+        raise ValueError(f"{name} must be {bound} and finite, got {value}")
+
+
+def check_count(name: str, value: int, lo: int) -> None:
+    """``value`` is an integer >= ``lo`` (a float count gives float indices or a TypeError naming nothing)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
 
 
 def check_finite_where(name: str, t: Tensor, mask: Tensor) -> None:

@@ -16,7 +16,7 @@ from typing import Literal, get_args
 import torch
 from torch import Tensor
 
-from oma.core.validate import check_float, check_mask, check_option, check_same_device
+from oma.core.validate import check_float, check_mask, check_option, check_positive, check_same_device
 from oma.core.segments import BatchStructure, batch_structure, segment_sum
 
 Reducer = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -90,8 +90,8 @@ def _validate(response_mask: Tensor, group_index: Tensor, traj_index: Tensor, re
             f"{structure.traj.inverse.shape[0]}"
         )
     check_same_device(response_mask=response_mask, traj_index=traj_index)
-    if loss_scale_factor is not None and not loss_scale_factor > 0:
-        raise ValueError(f"loss_scale_factor must be > 0 (or None for the padded length), got {loss_scale_factor}")
+    if loss_scale_factor is not None:  # or None: the padded length
+        check_positive("loss_scale_factor", loss_scale_factor)
     return structure
 
 

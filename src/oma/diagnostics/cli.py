@@ -22,11 +22,15 @@ from oma.batchfile import run_batches
 from oma.diagnostics.tables import FORMATS, AuditInputError, parse_col_args, read_batch
 from oma.diagnostics.roll import read_roll
 from oma.diagnostics.verl_agent import VERL_AGENT_PENALTY, read_verl_agent
+from oma.files import check_outputs
 
 HELP = "audit the implicit trajectory weighting of a rollout batch (file or run dir)"
 SOURCES: tuple[str, ...] = ("oma", "verl-agent", "roll")
 """Input formats of ``oma audit --from``: the audit's own columns, a verl-agent or a ROLL batch dump."""
 GAMMA = 0.95
+JSON_MARK = '{\n  "schema_version": 1,\n  "source": '
+"""How a ``--json`` document begins (``json.dump`` with ``indent=2`` of :func:`oma.diagnostics.figures.report_dict`
+or of a run folder's iterations): the mark by which the audit knows a file it may replace."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -161,7 +165,12 @@ def main(argv: list[str]) -> int:
         torch.set_num_threads(threads)
 
 
-def _check_targets(args: argparse.Namespace) -> None:
+def _check_targets(args: argparse.Namespace, inputs: list[Path]) -> None:
+    """Refuse, before anything is read, an output that cannot be written or that would land on an input or on a
+    file the audit did not write (:func:`oma.files.check_outputs`, the rule of every oma writer)."""
+    from oma.diagnostics.plots import PNGS
+    from oma.diagnostics.report import HTML_MARK, MD_MARK
+
     if args.json:
         target = Path(args.json)
         if target.is_dir():
@@ -170,7 +179,8 @@ def _check_targets(args: argparse.Namespace) -> None:
             raise AuditInputError(f"--json {target}: exists and is not a regular file")
         if not target.resolve().parent.is_dir():
             raise AuditInputError(f"--json {target}: directory {target.parent} does not exist")
-    for flag in ("html", "md"):
+        check_outputs(f"--json {target}", target, (JSON_MARK,), inputs=inputs)
+    for flag, page in (("html", "index.html"), ("md", "report.md")):
         d = getattr(args, flag)
         if d:
             d = Path(d)
@@ -178,6 +188,9 @@ def _check_targets(args: argparse.Namespace) -> None:
                 raise AuditInputError(f"--{flag} {d}: exists and is not a directory")
             if not d.resolve().parent.is_dir():
                 raise AuditInputError(f"--{flag} {d}: parent directory {d.parent} does not exist")
+            # a folder holding both pages vouches for its PNGs through either
+            check_outputs(f"--{flag} {d}", d / page, (HTML_MARK, MD_MARK), beside=PNGS, inputs=inputs,
+                          owners=("index.html", "report.md"))
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -240,11 +253,20 @@ def _audit_file(path: Path, args: argparse.Namespace, columns: dict[str, str]):
     )
 
 
+def _audit_named(path: Path, args: argparse.Namespace, columns: dict[str, str]):
+    """:func:`_audit_file` of one of a run folder's batches, its error naming the batch (``--all`` reads many)."""
+    try:
+        return _audit_file(path, args, columns)
+    except (ValueError, TypeError) as err:
+        text = _one_line(err)
+        raise AuditInputError(text if str(path) in text else f"{path}: {text}") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     columns = parse_col_args(args.col)
     _check_options(args)
-    _check_targets(args)
     path = Path(args.path)
+    _check_targets(args, [path / "batches" if path.is_dir() else path])
     items: list[tuple[int, object]] | None = None
     if path.is_dir():
         batches = run_batches(path)
@@ -254,7 +276,7 @@ def _run(args: argparse.Namespace) -> int:
                 "(a run trained with train.dump_batches=true writes them)"
             )
         if args.all:
-            items = [(it, _audit_file(p, args, columns)) for it, p in batches]
+            items = [(it, _audit_named(p, args, columns)) for it, p in batches]
             report = items[-1][1]
         else:
             chosen = batches[-1]
@@ -321,8 +343,8 @@ def _fill_stage(stage: Path, kind: str, report, items, path: Path) -> None:
     images = []
     extra = None
     if items:
-        plots.mass_share_over_iterations(items, stage / "mass_share_over_iterations.png")
-        images.append(("Mass share of successes over iterations", "mass_share_over_iterations.png"))
+        plots.mass_share_over_iterations(items, stage / plots.OVER_ITERATIONS)
+        images.append(("Mass share of successes over iterations", plots.OVER_ITERATIONS))
         extra = [iterations_section(items)]
     images += plots.batch_plots(report, stage)
     title = f"{path} ({len(items)} iterations; tables below: the latest)" if items else None

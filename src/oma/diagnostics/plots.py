@@ -118,13 +118,22 @@ def mass_share_over_iterations(items: list[tuple[int, AuditReport]], path: Path)
     save_png(fig, path)
 
 
+BATCH_PLOTS = (
+    ("Rows per trajectory by outcome", "rows_per_trajectory.png", rows_histogram),
+    ("Objective-mass share per accounting", "mass_share.png", mass_share_bars),
+    ("Per-group μ shift (row − trajectory accounting)", "mu_shift.png", mu_shift),
+)
+"""(caption, file name, plot) of the plots of one batch."""
+
+OVER_ITERATIONS = "mass_share_over_iterations.png"
+"""The plot of a run folder's every batch (``oma audit RUN --all``)."""
+
+PNGS: tuple[str, ...] = (*(name for _, name, _ in BATCH_PLOTS), OVER_ITERATIONS)
+"""Every PNG an ``--html`` or ``--md`` report may write beside its page."""
+
+
 def batch_plots(r: AuditReport, folder: Path) -> list[tuple[str, str]]:
     """Write the three batch plots into ``folder``; returns (caption, file name) pairs."""
-    out = [
-        ("Rows per trajectory by outcome", "rows_per_trajectory.png", rows_histogram),
-        ("Objective-mass share per accounting", "mass_share.png", mass_share_bars),
-        ("Per-group μ shift (row − trajectory accounting)", "mu_shift.png", mu_shift),
-    ]
-    for _, name, fn in out:
+    for _, name, fn in BATCH_PLOTS:
         fn(r, folder / name)
-    return [(c, n) for c, n, _ in out]
+    return [(c, n) for c, n, _ in BATCH_PLOTS]

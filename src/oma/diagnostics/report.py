@@ -250,12 +250,19 @@ def _md_table(sec: Section) -> str:
     return "\n".join(lines) + "\n"
 
 
+MD_MARK = "# oma audit: "
+"""How ``report.md`` begins: the mark by which ``oma audit --md`` knows a page it may replace (:func:`oma.files.check_outputs`)."""
+
+HTML_MARK = "<!doctype html><html><head><meta charset='utf-8'><title>oma audit</title>"
+"""How ``index.html`` begins: the mark by which ``oma audit --html`` knows a page it may replace."""
+
+
 def render_markdown(
     r: AuditReport | None, images: list[tuple[str, str]], extra: list[Section] | None = None, title: str | None = None
 ) -> str:
     """The report as Markdown; ``images`` are (caption, relative file name) pairs."""
     src = title or (r.source if r is not None else "") or ""
-    out = [f"# oma audit: {src}", ""]
+    out = [f"{MD_MARK}{src}", ""]
     if r is not None:
         out += ["**Verdict.** " + verdict(r), ""]
     for sec in [*(extra or []), *(sections(r) if r is not None else [])]:
@@ -288,6 +295,6 @@ def render_html(
         ".verdict{background:#f4f4f4;padding:1em}img{max-width:100%}"
     )
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>oma audit</title><style>{style}</style></head>"
+        f"{HTML_MARK}<style>{style}</style></head>"
         f"<body>{''.join(body)}</body></html>\n"
     )

@@ -27,6 +27,7 @@ iteration), written by :func:`oma.batchfile.write_batch`. verl-agent's own dumps
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
@@ -138,6 +139,9 @@ def parse_col_args(items: list[str] | None) -> dict[str, str]:
             raise AuditInputError(f"--col {item!r} is not ROLE=COLUMN (e.g. --col traj_id=traj_uid)")
         if role not in ROLES:
             raise AuditInputError(f"--col {item!r}: unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        if role in out and out[role] != source:  # the last one would win without a word
+            raise AuditInputError(f"--col {item!r}: {role} is already read from column {out[role]!r}; give one --col "
+                                  f"{role}=COLUMN")
         out[role] = source
     return out
 
@@ -177,13 +181,16 @@ def read_table(
     if path.is_dir():
         raise AuditInputError(f"{path} is a directory, not a batch file")
     fmt = detect_format(path, fmt)
+    if not path.is_file():  # a pipe (`<(cat b.jsonl)`) has no size to tell, and the readers read a file twice
+        raise AuditInputError(f"{path} is not a regular file (a pipe or a device); save the batch to a file and audit it")
     if path.stat().st_size == 0:
         raise AuditInputError(f"{path} is empty (0 bytes)")
     readers = {"parquet": _read_parquet, "csv": _read_csv, "jsonl": _read_jsonl}
     try:
         read = readers[fmt](path, wanted, set(ids))
     except (pa.ArrowException, OSError) as err:
-        raise AuditInputError(f"cannot read {path} as {fmt}: {_first_line(err)}") from None
+        bad = _bad_json_line(path) if fmt == "jsonl" else None
+        raise AuditInputError(f"cannot read {path} as {fmt}: {bad or _first_line(err)}") from None
     release_arrow_memory()  # the readers' scratch buffers
     return read
 
@@ -283,6 +290,22 @@ def _read_jsonl(path: Path, wanted: Collection[str] | None, ids: set[str]) -> tu
     if not batches:  # blank lines only
         return pa.table({name: pa.array([], pa.null()) for name in cols}), names
     return pa.Table.from_batches(batches), names
+
+
+def _bad_json_line(path: Path) -> str | None:
+    """``line N is not a JSON object (…)`` for the first line of ``path`` that is not, counting every line from 1
+    as an editor does (pyarrow names a 0-based row among the non-blank lines); None when every line is one."""
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                return f"line {n} is not a JSON object ({_first_line(e)})"
+            if not isinstance(value, dict):
+                return f"line {n} is a JSON {type(value).__name__}, not an object"
+    return None
 
 
 def _keep(batch: pa.RecordBatch, cols: list[str], ids: set[str]) -> pa.RecordBatch:

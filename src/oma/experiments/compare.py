@@ -48,7 +48,9 @@ from oma.experiments.plan import (MAY_DIFFER, CompareError, Run, check_overrides
 from oma.experiments.progress import _Display
 from oma.experiments.variants import VARIANT_SETS, variant_set
 from oma.experiments.worker import build_warm_start, execute_run, worker_pool
-from oma.train import CLAIM, config_diff
+from oma.errors import os_error_line, os_error_status
+from oma.files import user_path
+from oma.train import CLAIM, SEED_MAX, config_diff
 
 __all__ = ["CompareError", "compare", "main", "parse_args", "run_config"]
 
@@ -63,6 +65,10 @@ RESERVED: dict[str, str] = {
     "dump_batches": "it is true, so the report audits the dumped batches; --no-dump makes it false",
 }
 """Config keys `oma compare` sets itself: an override of one is an error naming the right flag."""
+
+MAX_SEEDS = 10_000
+"""The most seeds (``--seeds``) of one comparison: each is a run per variant, so more is no comparison one machine
+finishes (and 10**20 was an OverflowError traceback)."""
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, no usage block
@@ -115,8 +121,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise CompareError(f"--variants {args.variants!r} is not valid; expected one of {list(VARIANT_SETS)}")
     if args.seeds < 1:
         raise CompareError(f"--seeds must be >= 1, got {args.seeds}")
+    if args.seeds > MAX_SEEDS:
+        raise CompareError(f"--seeds must be <= {MAX_SEEDS} (a run per variant each), got {args.seeds}")
     if args.first_seed < 0:
         raise CompareError(f"--first-seed must be >= 0, got {args.first_seed}")
+    if args.first_seed + args.seeds - 1 > SEED_MAX:
+        raise CompareError(f"--first-seed + --seeds - 1 must be <= 2**40 (the seeds F..F+S-1 are the runs' `seed`), "
+                           f"got {args.first_seed + args.seeds - 1}")
     if args.horizon is not None and args.horizon < 1:
         raise CompareError(f"--horizon must be >= 1, got {args.horizon}")
     if args.jobs < 1:
@@ -140,12 +151,14 @@ def _base_record(base, horizon: int, out: Path, dump: bool) -> dict:
 
 
 def _check_out(out: Path) -> None:
-    """Refuse an ``--out`` that compare did not make: compare writes only into a new folder, an empty one, or one
-    that holds its own compare.json (a folder holding nothing but the lock, :data:`oma.train.CLAIM`, is one a
-    compare locked and stopped in before its first write)."""
+    """Refuse an ``--out`` that compare did not make, before anything is created in it: compare writes only into a
+    new folder, an empty one, or one that holds its own compare.json, checked field by field (a folder holding
+    nothing but the lock, :data:`oma.train.CLAIM`, is one a compare locked and stopped in before its first write)."""
     if out.exists() and not out.is_dir():
         raise CompareError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and not (out / "compare.json").exists() and any(p.name != CLAIM for p in out.iterdir()):
+    if (out / "compare.json").exists():
+        read_compare_json(out)  # a compare.json compare did not write is refused here, before the lock is created
+    elif out.is_dir() and any(p.name != CLAIM for p in out.iterdir()):
         raise CompareError(f"--out {out}: holds files but no compare.json; expected a new or empty folder, or one "
                            "an earlier `oma compare` wrote (rerun into it to resume); give another --out")
 
@@ -226,7 +239,7 @@ def compare(args: argparse.Namespace, argv: list[str], console=None) -> int:
     if horizon < 1:
         raise CompareError(f"--horizon must be >= 1, got {horizon} (the config's iterations)")
     stem = Path(args.config).stem if args.config else "default"
-    out = Path(args.out) if args.out else Path("runs") / f"compare-{stem}"
+    out = user_path(args.out) if args.out else Path("runs") / f"compare-{stem}"
     _check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     # one compare at a time in a folder (two would overwrite each other's compare.json); the OS releases the lock
@@ -443,3 +456,6 @@ def main(argv: list[str]) -> int:
     except (CompareError, ConfigError, FileNotFoundError) as e:
         print(f"oma compare: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk (1), or an --out that cannot be written (2)
+        print(f"oma compare: error: {' '.join(os_error_line(e).split())}", file=sys.stderr)
+        return os_error_status(e)

@@ -75,6 +75,10 @@ COUPLING_SOURCES: dict[str, str] = {
 }
 """``--coupling`` values and where each takes the coupling figures from, as the report says it."""
 
+REPORT_MARK = "# oma compare: "
+"""How a report begins: the mark by which ``oma report`` and ``oma compare`` know a report they may replace
+(:func:`oma.files.check_outputs`)."""
+
 IMAGES = {
     "success_curves": "success_curves.png",
     "endpoint": "endpoint.png",
@@ -404,7 +408,7 @@ def render_markdown(a: dict[str, Any], images: dict[str, str]) -> str:
     cfg = doc["config"]
     algo = cfg.get("algo", {})
     m = doc.get("machine", {})
-    out = [f"# oma compare: {doc['config'].get('out_dir', '')}", ""]
+    out = [f"{REPORT_MARK}{doc['config'].get('out_dir', '')}", ""]
     out += ["## Command", "", "```", doc["command"], "```", ""]
     n_ep = ", ".join("(" + ", ".join(f"{i:g}" for i in its) + ")" for its in a["endpoint_iterations"])
     out += ["## Setup", "",
@@ -569,7 +573,7 @@ def write_report(out: Path, out_file: Path | None = None, horizon: int | None = 
                  metric: str | None = None, coupling: str | None = None) -> Path:
     """Analyse ``out`` and write the Markdown report, its PNGs (beside it) and results.json; return its path."""
     from oma.experiments import plots
-    from oma.files import atomic_write_text
+    from oma.files import atomic_write_text, check_outputs
 
     out = Path(out)
     if not (out / "compare.json").is_file():
@@ -580,6 +584,10 @@ def write_report(out: Path, out_file: Path | None = None, horizon: int | None = 
         raise ReportError(f"--out {target}: directory {target.parent} does not exist")
     if target.is_dir():
         raise ReportError(f"--out {target}: is a directory; give a file name such as report.md")
+    results = "results.json" if target.name == "report.md" else f"{target.stem}.results.json"
+    # the report reads compare.json and every run folder (DIR's subfolders): it writes over none of them
+    check_outputs(f"--out {target}", target, (REPORT_MARK,), beside=(results, *IMAGES.values()),
+                  inputs=[out / "compare.json", *(p for p in out.iterdir() if p.is_dir())])
     a = analyse(out, horizon, metric, coupling)
     pv = a["per_variant"]
     h = a["horizon"]
@@ -596,8 +604,7 @@ def write_report(out: Path, out_file: Path | None = None, horizon: int | None = 
     diffs = {v: {"endpoint": pv[v]["diff_endpoint"], "nAUC": pv[v]["diff_nauc"]} for v in a["variants"]
              if "diff_endpoint" in pv[v]}
     plots.paired_differences(diffs, folder / IMAGES["paired"])
-    atomic_write_text(folder / "results.json" if target.name == "report.md" else folder / f"{target.stem}.results.json",
-                      json.dumps(results_dict(a), indent=2))
+    atomic_write_text(folder / results, json.dumps(results_dict(a), indent=2))
     atomic_write_text(target, render_markdown(a, IMAGES))
     if console is not None:
         for s in significance_statements(a):

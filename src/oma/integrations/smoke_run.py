@@ -1,6 +1,10 @@
 """What ``oma verl-smoke`` and ``oma skyrl-smoke`` share: their argument checks, their work folder, and running
 a host's trainer in a session of its own, so that the run and every process it starts (Ray's daemons and
-workers, whatever process group they move to) are ended together, on success, failure or timeout."""
+workers, whatever process group they move to) are ended together, on success, failure, timeout or Ctrl-C.
+
+If the smoke command itself is killed (SIGTERM, SIGKILL: no ``finally`` of it runs), its :class:`Guardian`, a
+small process that outlives it, ends the run's session and removes its temporary work folder.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +39,61 @@ def refused(prog: str, steps: int, timeout: int, check_install: Callable[[], Non
     return None
 
 
+class Guardian:
+    """A process that cleans up after this one however it ends: it holds the read end of a pipe whose write end
+    only this process has, so it reads end-of-file when this process is gone, ``kill -9`` included; then it ends
+    every session and removes every folder it was told of and not told to forget (:func:`_guard`). Started
+    on first use, one per process, in a session of its own with SIGINT, SIGTERM and SIGHUP ignored, so a Ctrl-C
+    or a signal to this process's group leaves it to do its work."""
+
+    _process: subprocess.Popen | None = None
+
+    @classmethod
+    def tell(cls, order: str, value: object) -> None:
+        """Send ``order`` (``+session``, ``-session``, ``+folder``, ``-folder``) with ``value`` to the guardian."""
+        cls.start()
+        cls._process.stdin.write(f"{order} {value}\n")
+        cls._process.stdin.flush()
+
+    @classmethod
+    def start(cls) -> None:
+        """Start the guardian unless it runs."""
+        if cls._process is None or cls._process.poll() is not None:
+            root = str(Path(__file__).resolve().parents[2])  # the oma this process runs, whatever its sys.path
+            code = f"import sys; sys.path.insert(0, {root!r}); from oma.integrations.smoke_run import _guard; _guard()"
+            cls._process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, text=True,
+                                            start_new_session=True, stdout=subprocess.DEVNULL)
+
+    @classmethod
+    def pid(cls) -> int | None:
+        return None if cls._process is None else cls._process.pid
+
+
+def _guard() -> None:
+    """The :class:`Guardian`'s process: read orders until this process's parent closes the pipe (it ended), then
+    end the sessions and remove the folders still in its care."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    sessions: set[int] = set()
+    folders: set[str] = set()
+    for line in sys.stdin:
+        order, _, value = line.rstrip("\n").partition(" ")
+        if order in ("+session", "-session"):
+            (sessions.add if order[0] == "+" else sessions.discard)(int(value))
+        elif order in ("+folder", "-folder"):
+            (folders.add if order[0] == "+" else folders.discard)(value)
+    for sid in sessions:
+        end_session(sid)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def interrupted(prog: str) -> int:
+    """Ctrl-C of a smoke command, once its run and work folder are cleaned up: one line, exit status 130."""
+    print(f"{prog}: interrupted; the run and every process it started were ended", file=sys.stderr)
+    return 130
+
+
 class WorkFolder:
     """Where a smoke run writes its model, data and ``train.log``: ``--out`` (kept), or a temporary folder that is
     removed when the run ends (:func:`work_folder`), unless the run failed: then its log, which the JSON line
@@ -60,11 +119,15 @@ def work_folder(out: str | None, prefix: str) -> Iterator[WorkFolder]:
     """The run's :class:`WorkFolder`; a temporary one is removed after the block unless :meth:`WorkFolder.settle`
     kept it (an exception, Ctrl-C included, removes it too: an interrupted run explains nothing)."""
     folder = WorkFolder(out, prefix)
+    if folder.temporary:
+        Guardian.tell("+folder", folder.path)  # removed by the guardian if this process is killed
     try:
         yield folder
     finally:
         if not folder.keep:
             shutil.rmtree(folder.path, ignore_errors=True)
+        if folder.temporary:
+            Guardian.tell("-folder", folder.path)
 
 
 def session_members(sid: int) -> list[int]:
@@ -95,10 +158,12 @@ def run_in_session(cmd: list[str], env: dict[str, str], log: Path, timeout: int,
                    cwd: Path | None = None) -> tuple[int, int]:
     """Run ``cmd`` with stdout and stderr in ``log``, in a new session; then end whatever of the session is
     left. Returns (exit status, 124 on timeout; processes that could not be ended)."""
+    Guardian.start()  # before the run: between its start and the order below, a kill leaves it at most microseconds
     with log.open("w", encoding="utf-8") as fh:
         proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, cwd=cwd)
         try:
+            Guardian.tell("+session", proc.pid)  # ended by the guardian if this process is killed
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = 124
@@ -107,4 +172,5 @@ def run_in_session(cmd: list[str], env: dict[str, str], log: Path, timeout: int,
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             left = end_session(proc.pid)
+            Guardian.tell("-session", proc.pid)
     return rc, left

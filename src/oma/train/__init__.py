@@ -11,7 +11,7 @@ A run, as `oma train` makes it::
 
 * The config: :class:`TrainConfig`, :func:`load_config` (defaults ← YAML ← ``key=value``),
   :func:`load_run_config` (a run folder's, validated; :func:`saved_config` as saved), :func:`validate`,
-  :func:`to_dict`, :func:`config_diff`, :class:`ConfigError`.
+  :func:`to_dict`, :func:`config_diff`, :class:`ConfigError`, :data:`SEED_MAX` (the largest |seed|).
 * A run and its parts: :func:`train`, :func:`read_metrics`, :func:`make_env` (a config's environment
   factory), :func:`build_policy` (the warm start, cached by :func:`cache_key`), :func:`trainable_policy`
   (with LoRA when asked), :func:`cpu_info`, :func:`load_checkpoint` (:class:`CheckpointError`,
@@ -27,8 +27,8 @@ code outside this package imports these names from here.
 """
 
 from oma.train.checkpoint import EMA_FILE, CheckpointError, load_checkpoint
-from oma.train.config import (ConfigError, TrainConfig, config_diff, load_config, load_run_config, saved_config, to_dict,
-                              validate)
+from oma.train.config import (SEED_MAX, ConfigError, TrainConfig, config_diff, load_config, load_run_config, saved_config,
+                              to_dict, validate)
 from oma.train.lock import CLAIM, held
 from oma.train.loop import (
     Batch,
@@ -56,6 +56,7 @@ from oma.train.warmstart import build_policy, cache_key, cpu_info
 __all__ = [
     "CLAIM",
     "EMA_FILE",
+    "SEED_MAX",
     "Batch",
     "CheckpointError",
     "ConfigError",

@@ -8,6 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from oma.errors import os_error_line, os_error_status
+from oma.files import user_path
 from oma.train import CheckpointError, ConfigError, load_config, train
 from oma.train.lock import CLAIM
 
@@ -23,6 +25,9 @@ def claim_run_dir(path: Path) -> Path:
         raise ConfigError(f"out_dir={str(path)!r} names no folder of its own; give a run folder such as runs/my-run")
     if path.exists() and not path.is_dir():
         raise ConfigError(f"out_dir: {path} is a file; give a folder")
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(f"out_dir: {path} is a symbolic link to {os.readlink(path)}, which does not exist; give a "
+                          "folder, or remove the link")
     k = 1
     while True:
         candidate = path if k == 1 else path.with_name(f"{path.name}-{k}")
@@ -58,26 +63,38 @@ def main(argv: list[str]) -> int:
     run_dir = None
     try:
         cfg = load_config(config, overrides)
-        run_dir = _resume_dir(Path(cfg.out_dir)) if args.resume else claim_run_dir(Path(cfg.out_dir))
+        out_dir = user_path(cfg.out_dir)
+        run_dir = _resume_dir(out_dir) if args.resume else claim_run_dir(out_dir)
         cfg.out_dir = str(run_dir)
         train(cfg, run_dir, resume=args.resume)
     except KeyboardInterrupt:
-        print(f"oma train: interrupted; rerun with --resume (out_dir={run_dir}) to continue from its latest checkpoint",
-              file=sys.stderr)
+        if _abandon(run_dir, args.resume):
+            print(f"oma train: interrupted before its first checkpoint; nothing to resume, so {run_dir} was removed",
+                  file=sys.stderr)
+        else:
+            print(f"oma train: interrupted; rerun with --resume (out_dir={run_dir}) to continue from its latest "
+                  "checkpoint", file=sys.stderr)
         return 130
     except (ConfigError, CheckpointError, FileNotFoundError) as e:
         _abandon(run_dir, args.resume)
         print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    except (OSError, FloatingPointError) as e:
+    except OSError as e:
+        _abandon(run_dir, args.resume)
+        print(f"oma train: {' '.join(os_error_line(e).split())}", file=sys.stderr)
+        return os_error_status(e)
+    except FloatingPointError as e:
         _abandon(run_dir, args.resume)
         print(f"oma train: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     return 0
 
 
-def _abandon(run_dir: Path | None, resume: bool) -> None:
-    """Remove a folder this command claimed if it failed before its first checkpoint: with nothing to resume
-    from it holds no result, and left behind it would send the next run to ``out_dir-2``."""
+def _abandon(run_dir: Path | None, resume: bool) -> bool:
+    """Remove a folder this command claimed if it failed (or was interrupted) before its first checkpoint: with
+    nothing to resume from it holds no result, and left behind it would send the next run to ``out_dir-2``.
+    Whether it was removed."""
     if run_dir is not None and not resume and not any((run_dir / "checkpoints").glob("iter_*")):
         shutil.rmtree(run_dir, ignore_errors=True)
+        return True
+    return False

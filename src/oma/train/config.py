@@ -11,6 +11,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,7 +240,8 @@ class TrainConfig:
     """Write a resumable checkpoint every this many iterations (and at the end); at most every ``iterations // 2``,
     so a short run killed halfway can resume too."""
     out_dir: str = "runs/household-gigpo-oma"
-    """Run directory (an existing one gets a numbered sibling unless resuming)."""
+    """Run directory (an existing one gets a numbered sibling unless resuming). A path: an override of it is taken
+    as written, and ``~`` is the home folder (:data:`PATH_KEYS`)."""
     dump_batches: bool = False
     """Write each iteration's batch as Parquet under out_dir/batches for `oma audit`."""
     samples_per_iter: int = 2
@@ -288,6 +290,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if not value > 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
     for key, value in {"iterations": cfg.iterations, "env.history_length": cfg.env.history_length,
+                       "samples_per_iter": cfg.samples_per_iter,
                        "warm_start.episodes": cfg.warm_start.episodes, "warm_start.epochs": cfg.warm_start.epochs,
                        "algo.kl_coef": cfg.algo.kl_coef, "algo.step_advantage_w": cfg.algo.step_advantage_w,
                        "env.invalid_penalty": cfg.env.invalid_penalty,
@@ -296,6 +299,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         if value < 0:
             raise ConfigError(f"{key} must be >= 0, got {value}")
     _check_seed_ranges(cfg)
+    _check_paths(cfg)
+    if cfg.policy.temperature < TEMPERATURE_MIN:
+        raise ConfigError(f"policy.temperature must be >= {TEMPERATURE_MIN:g}, got {cfg.policy.temperature}: the policy "
+                          "divides its float32 logits by it, and a smaller one makes them inf")
     for key, value in {"env.train_max_steps": cfg.env.train_max_steps,
                        "env.eval_max_steps": cfg.env.eval_max_steps}.items():
         if value is not None and not value > 0:
@@ -363,6 +370,79 @@ def _check_seed_ranges(cfg: TrainConfig) -> None:
                           f"start at {DEMO_SEED_OFFSET}), got {offset}")
 
 
+ROW_BYTES = 1024
+"""A lower bound on the memory one agent step (a row) takes while a run holds it: its prompt text, token ids and
+per-token log-probabilities, or for the tabular policy its state, its admissible actions and its transcript
+entry, are each more than 1 KiB in Python objects. :func:`check_sizes` refuses what cannot fit even at this."""
+
+
+def memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("EB", 2**60), ("PB", 2**50), ("TB", 2**40), ("GiB", 2**30)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n / 2**20:.3g} MiB"
+
+
+def check_sizes(cfg: TrainConfig, cap: int | None, memory: int | None = None) -> None:
+    """Refuse options whose rows cannot fit in this machine's memory (``memory``, default :func:`memory_bytes`),
+    before anything runs: a training batch holds env.tasks_per_iter × env.group_size episodes, an evaluation
+    env.eval_tasks, the warm start's demonstrations warm_start.episodes, each of up to its step cap (``cap``, the
+    environment's; ``env.train_max_steps`` / ``env.eval_max_steps`` where lower) rows of at least
+    :data:`ROW_BYTES`. The estimate is a lower bound, so a run it lets through may still need more."""
+    memory = memory_bytes() if memory is None else memory
+    if memory is None:
+        return
+    env = cfg.env
+
+    def steps(key: str | None) -> tuple[int, str]:
+        """An episode's most steps there and the setting that caps them (1 step when none is known: a lower bound)."""
+        limit = None if key is None else _flat(to_dict(cfg))[key]
+        if limit is not None and (cap is None or limit < cap):
+            return limit, f"{key}={limit}"
+        if cap is None:
+            return 1, "1 step (no step cap known)"
+        return cap, f"env.options.max_steps={cap}" if "max_steps" in env.options else f"{env.name}'s step cap {cap}"
+
+    (train, train_key), (evals, eval_key), (demo, demo_key) = (steps(k) for k in ("env.train_max_steps",
+                                                                                   "env.eval_max_steps", None))
+    batches = [  # (what, where, rows)
+        (f"env.tasks_per_iter={env.tasks_per_iter} × env.group_size={env.group_size} × {train_key}",
+         "one training batch", env.tasks_per_iter * env.group_size * train),
+        (f"env.eval_tasks={env.eval_tasks} × {eval_key}", "one evaluation", env.eval_tasks * evals),
+    ]
+    if cfg.warm_start.enabled:
+        batches.append((f"warm_start.episodes={cfg.warm_start.episodes} × {demo_key}",
+                        "the warm start's demonstrations", cfg.warm_start.episodes * demo))
+    for what, where, rows in batches:
+        need = float(rows) * ROW_BYTES
+        if need > memory:
+            raise ConfigError(f"{what} steps need about {_size(need)} for {where} (at least {ROW_BYTES} bytes a step); "
+                              f"this machine has {_size(memory)}: lower them")
+
+
+def _check_paths(cfg: TrainConfig) -> None:
+    """A path setting (:data:`PATH_KEYS`) names something: not empty, and no control character (a newline or a tab
+    in a folder's name is a typo, or a value pasted whole)."""
+    for key in PATH_KEYS:
+        value = _flat(to_dict(cfg))[key]
+        if not value.strip():
+            raise ConfigError(f"{key} must not be empty; give a path")
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(f"{key}={value!r} holds a control character (a newline, a tab, …); give a path without one")
+
+
+TEMPERATURE_MIN = 1e-3
+"""The lowest ``policy.temperature``: π_T divides float32 logits by T, so logits of a few hundred stay far from
+float32's overflow at it, while ``1e-300`` is 0 in float32 (the rollouts then sample from NaN)."""
+
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: the policy's weights, logits and scores are float32, so a larger option overflows in them."""
 
@@ -417,8 +497,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     layers = []  # (layer, whether setting env.options replaces it whole)
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        if not p.exists():  # not is_file(): a pipe (`oma train /dev/stdin`, `<(...)`) is a preset too
             raise ConfigError(f"config file {str(path)!r} does not exist")
+        if p.is_dir():
+            raise ConfigError(f"config file {str(path)!r} is a folder; give a YAML preset such as configs/x.yaml")
         try:
             text = p.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
@@ -435,11 +517,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
             raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: "
                               f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}") from None
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.mass=native)")
+        except OmegaConfBaseException as e:  # a key OmegaConf cannot hold: `? null`, a float
+            raise ConfigError(f"config file {str(path)!r}: {str(e).splitlines()[0]}; a preset's keys are names, such as "
+                              "algo or iterations") from None
     try:
-        layers.append((OmegaConf.from_dotlist(list(overrides)), False))
+        layers.append((_override_layer(overrides), False))
         merged = OmegaConf.structured(TrainConfig)
         for layer, replaces in layers:
             name = OmegaConf.select(layer, "env.name")
@@ -457,6 +539,41 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         key = getattr(e, "full_key", "?")
         raise ConfigError(f"bad value for config key {key!r}: {str(e).splitlines()[0]}") from None
     return validate(cfg)
+
+
+PATH_KEYS: tuple[str, ...] = ("out_dir", "warm_start.cache_dir", "policy.model")
+"""Keys whose value is a path: an override of one is taken as written, not read as YAML (which would turn
+``out_dir=od/x #1`` into ``od/x`` and a newline into a space), and the path is read by
+:func:`oma.files.user_path` wherever it is opened (``~`` is the home folder, from a preset or the command line)."""
+
+
+def _override_layer(overrides: list[str] | tuple[str, ...]):
+    """The ``key=value`` overrides as one OmegaConf layer: a value is YAML (``iterations=5``, ``env.options={a: 1}``)
+    except for :data:`PATH_KEYS`, kept as text; ConfigError naming the override whose value is not YAML."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    layer = OmegaConf.create()
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. algo.mass=native)")
+        if key.strip() in PATH_KEYS:
+            OmegaConf.update(layer, key.strip(), value, merge=True)
+            continue
+        try:
+            layer.merge_with_dotlist([item])
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)}); quote it or "
+                              "write it as in a preset (e.g. iterations=5, env.options.goals=[place])") from None
+    return layer
+
+
+def _yaml_problem(e) -> str:
+    """What PyYAML says is wrong, in one line, with no source excerpt."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(e, 'problem', None) or str(e).splitlines()[0]}{where}"
 
 
 ALIAS_BUDGET = 10_000

@@ -46,8 +46,8 @@ from oma.core import (
 from oma.hosts import HostOptions, HostStep
 from oma.core.segments import segments
 from oma.files import atomic_write_text, read_jsonl
-from oma.train.checkpoint import clean_debris, resume_from_checkpoint, save_checkpoint
-from oma.train.config import ConfigError, TrainConfig, config_diff, saved_config, to_dict
+from oma.train.checkpoint import checkpoints, clean_debris, resume_from_checkpoint, save_checkpoint
+from oma.train.config import ConfigError, TrainConfig, check_sizes, config_diff, saved_config, to_dict
 from oma.train.lock import held
 from oma.train.warmstart import build_policy, library_versions
 
@@ -80,6 +80,7 @@ def make_env(cfg: TrainConfig) -> Callable[[], object]:
         if cap is not None and value is not None and value > cap:
             raise ConfigError(f"{key}: {value} is above {cfg.env.name}'s step cap of {cap}, which ends "
                               f"every episode first; raise env.options.max_steps to at least {value}, or lower it")
+    check_sizes(cfg, cap)
     return lambda: oma.envs.make(cfg.env.name, **cfg.env.options)
 
 
@@ -570,16 +571,24 @@ def _check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
     if diff:
         raise ConfigError(f"--resume: the config differs from the run's saved config.json in {', '.join(diff)}; "
                           "only `iterations` may change when resuming")
+    saved = checkpoints(run_dir)
+    trained = int(saved[0].name.removeprefix("iter_")) if saved else 0
+    if cfg.iterations < trained:  # it would rewrite config.json to fewer iterations than its metrics hold
+        raise ConfigError(f"--resume: iterations={cfg.iterations} is below the {trained} iterations {run_dir} has "
+                          f"trained (its checkpoint {saved[0].name}); give iterations >= {trained}")
 
 
 def keep_through(path: Path, iteration: int) -> None:
     """Keep the JSON lines of ``path`` whose ``iteration`` is at most ``iteration`` (a resumed run rewrites
-    what came after its checkpoint). A last line cut short by a kill is dropped; a bad line before it is an error."""
+    what came after its checkpoint). A last line cut short by a kill is dropped; a bad line before it is an error;
+    a line repeating an iteration of ``metrics.jsonl`` (one record each) is dropped, the first kept."""
     if not path.is_file():
         return
     # the trainer writes ASCII (json.dumps escapes the rest): a byte that is not UTF-8 is damage, and its line fails below
     lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     keep = []
+    seen: set[int] = set()
+    one_each = path.name == "metrics.jsonl"  # samples.jsonl holds several episodes of an iteration
     for n, ln in enumerate(lines):
         try:
             record = json.loads(ln)
@@ -589,8 +598,9 @@ def keep_through(path: Path, iteration: int) -> None:
             raise ConfigError(f"{path}: line {n + 1} is not JSON; the file was damaged, not just cut short") from None
         if not isinstance(record, dict) or type(record.get("iteration")) is not int:
             raise ConfigError(f"{path}: line {n + 1} is not a record with an integer iteration; the file was damaged")
-        if record["iteration"] <= iteration:
+        if record["iteration"] <= iteration and not (one_each and record["iteration"] in seen):
             keep.append(ln)
+            seen.add(record["iteration"])
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
 

@@ -21,6 +21,7 @@ import oma
 from oma.agent.kinds import policy_kind
 from oma.agent.prompt import step_prompt
 from oma.envs import env_class
+from oma.files import user_path
 from oma.train.config import TrainConfig
 
 # The packages whose numerics decide a run's figures: the tokenizer is trained by `tokenizers`, the
@@ -89,7 +90,7 @@ def cache_key(cfg: TrainConfig) -> str:
 
 def cache_folder(cfg: TrainConfig) -> Path:
     """Where ``cfg``'s warm start is kept: ``warm_start.cache_dir/warmstart/<cache_key>``."""
-    return Path(cfg.warm_start.cache_dir).expanduser() / "warmstart" / cache_key(cfg)
+    return user_path(cfg.warm_start.cache_dir) / "warmstart" / cache_key(cfg)
 
 
 def build_policy(cfg: TrainConfig, make_env: Callable[[], object], progress: Progress | None = None):

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oma.integrations.smoke_run import SmokeError, refused, run_in_session, work_folder
+from oma.integrations.smoke_run import SmokeError, interrupted, refused, run_in_session, work_folder
 
 ACTIVE_LINE = "oma: SkyRL integration active in "
 PROMPTS = 4
@@ -229,10 +229,13 @@ def main(argv: list[str]) -> int:
     status = refused("oma skyrl-smoke", args.steps, args.timeout, check_install)
     if status is not None:
         return status
-    with work_folder(args.out, "oma-skyrl-smoke-") as folder:
-        result = run(folder.path, args)
-        trouble = problem(result, args.steps)
-        folder.settle(trouble is None, result)
+    try:
+        with work_folder(args.out, "oma-skyrl-smoke-") as folder:
+            result = run(folder.path, args)
+            trouble = problem(result, args.steps)
+            folder.settle(trouble is None, result)
+    except KeyboardInterrupt:
+        return interrupted("oma skyrl-smoke")
     print(json.dumps(result))
     if trouble:
         print(f"oma skyrl-smoke: {trouble}", file=sys.stderr)

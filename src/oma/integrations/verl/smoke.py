@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oma.integrations.smoke_run import SmokeError, refused, run_in_session, work_folder
+from oma.integrations.smoke_run import SmokeError, interrupted, refused, run_in_session, work_folder
 
 MINI_BATCH_PROMPTS = 2
 """Prompts per PPO mini-batch: with 4 prompts per step a step has 2 mini-batches (4 rollouts each)."""
@@ -217,7 +217,10 @@ def main(argv: list[str]) -> int:
     status = refused("oma verl-smoke", args.steps, args.timeout, checks)
     if status is not None:
         return status
-    status, result = run(args)
+    try:
+        status, result = run(args)
+    except KeyboardInterrupt:
+        return interrupted("oma verl-smoke")
     print(json.dumps(result))
     return status
 

@@ -31,15 +31,28 @@ def read_columns(path: str | Path) -> dict[str, np.ndarray]:
     """A dumped batch's columns as numpy arrays; ``response_tokens`` becomes a ``response_mask`` and a
     ``row_hash`` stands for ``row_id``."""
     path = Path(path)
-    table: pa.Table = pq.read_table(path) if path.suffix == ".parquet" else pa_json.read_json(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    with open(path, "rb") as f:
+        parquet = f.read(4) == b"PAR1"  # by its magic bytes, whatever it is named (`.pq`, `.parquet`)
+    table: pa.Table = pq.read_table(path) if parquet else pa_json.read_json(path)
     cols = {name: np.asarray(table[name].to_pylist(), dtype=object) for name in table.column_names}
     if "response_mask" in cols:
         rows = [np.asarray(m, dtype=bool) for m in cols["response_mask"]]
         width = max((len(m) for m in rows), default=0)
         cols["response_mask"] = np.stack([np.pad(m, (0, width - len(m))) for m in rows]) if rows else np.zeros((0, 0), bool)
     elif "response_tokens" in cols:
-        n = cols["response_tokens"].astype(np.int64)
+        counts = cols["response_tokens"].astype(np.float64)
+        bad = ~((counts >= 0) & (counts == np.floor(counts)))  # astype(int64) made -3 a 0 and 2.5 a 2
+        if bad.any():
+            first = int(bad.nonzero()[0][0])
+            raise ValueError(f"{path}: column 'response_tokens' must hold whole numbers >= 0, found "
+                             f"{cols['response_tokens'][first]!r} at row {first} (0-based)")
+        n = counts.astype(np.int64)
         cols["response_mask"] = np.arange(max(int(n.max(initial=0)), 1)) < n[:, None]
+    if "response_mask" in cols and not cols["response_mask"].any():
+        raise ValueError(f"{path}: no row has a response token (response_mask or response_tokens all 0): there is "
+                         "no loss to weigh")
     if "row_id" not in cols and "row_hash" in cols:
         cols["row_id"] = cols["row_hash"]
     return cols
