@@ -21,8 +21,6 @@ Run by hand after either changes; the tests regenerate the page byte for byte:
     .venv/bin/python studies/tools/components.py
 """
 
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -30,9 +28,9 @@ from typing import Any
 
 from oma.experiments.stats import Estimate, holm, mean_ci, welch_diff
 from oma.experiments.sweep import read_cell
-from oma.files import atomic_write_text, read_json_object
+from oma.files import read_json_object
+from pages import page_main
 
-ROOT = Path(__file__).resolve().parents[2]
 SOURCES = (("map", "tabular-coupling-map/map"), ("sweep", "dose-response/sweep"),
            ("sweep", "dose-response/sweep-sticky"))
 """(kind, folder under studies/): a map folder lists its settings in map.json; a sweep folder holds one folder a cell,
@@ -137,20 +135,7 @@ def to_json(c: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="components.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--studies", type=Path, default=ROOT / "studies", help="the studies folder to read")
-    p.add_argument("--out", type=Path, default=None, help="folder to write (default STUDIES/dose-response)")
-    args = p.parse_args(argv)
-    out = args.out or args.studies / "dose-response"
-    try:
-        c = collect(args.studies)
-        atomic_write_text(out / "components.json", json.dumps(to_json(c), indent=2) + "\n")
-        atomic_write_text(out / "components.md", render(c))
-    except (OSError, ValueError, KeyError) as e:
-        print(f"components.py: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 1
-    print(f"components.py: wrote {out / 'components.md'} and {out / 'components.json'}")
-    return 0
+    return page_main(argv, "components.py", __doc__.split("\n\n")[0], "dose-response", "components", collect, render, to_json)
 
 
 if __name__ == "__main__":

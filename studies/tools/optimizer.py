@@ -16,8 +16,6 @@ regenerate the page byte for byte:
     .venv/bin/python studies/tools/optimizer.py
 """
 
-import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -25,9 +23,9 @@ from typing import Any
 
 from oma.experiments.stats import Estimate, mean_ci, welch_diff
 from oma.experiments.sweep import read_cell
-from oma.files import atomic_write_text, read_json_object
+from oma.files import read_json_object
+from pages import page_main
 
-ROOT = Path(__file__).resolve().parents[2]
 PAIRS = (("the coupling map", "tabular-coupling-map/map", "optimizer/map-adam"),
          ("sticky loops", "dose-response/sweep-sticky", "optimizer/sweep-sticky-adam"))
 """(what the cells are, the normalised-SGD folder, the Adam folder), under studies/."""
@@ -103,20 +101,7 @@ def to_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="optimizer.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--studies", type=Path, default=ROOT / "studies", help="the studies folder to read")
-    p.add_argument("--out", type=Path, default=None, help="folder to write (default STUDIES/optimizer)")
-    args = p.parse_args(argv)
-    out = args.out or args.studies / "optimizer"
-    try:
-        rows = collect(args.studies)
-        atomic_write_text(out / "results.json", json.dumps(to_json(rows), indent=2) + "\n")
-        atomic_write_text(out / "results.md", render(rows))
-    except (OSError, ValueError, KeyError) as e:
-        print(f"optimizer.py: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 1
-    print(f"optimizer.py: wrote {out / 'results.md'} and {out / 'results.json'}")
-    return 0
+    return page_main(argv, "optimizer.py", __doc__.split("\n\n")[0], "optimizer", "results", collect, render, to_json)
 
 
 if __name__ == "__main__":
