@@ -16,6 +16,7 @@ import posixpath
 import re
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
 # The repository's trees published beside docs/, and the files of them that become part of the site.
@@ -39,14 +40,20 @@ def included(root: Path) -> list[Path]:
 
 
 def on_config(config):
-    root = root_of(config)
-    # Each study under its folder's name: the README's title is its whole question, too long for the nav.
-    readmes = [{p.parent.name.replace("-", " ").capitalize(): p.relative_to(root).as_posix()}
-               for p in sorted(root.glob("studies/*/README.md"))]
-    for item in config.nav or []:
-        if isinstance(item, dict) and STUDIES_SECTION in item:
-            item[STUDIES_SECTION] += readmes
+    """mkdocs.yml's Studies section gives each study a short title (its README's title is its whole question, too
+    long for the nav) in the order of studies/README.md; a study it leaves out fails the build."""
+    missing = unlisted_studies(root_of(config), config.nav or [])
+    if missing:
+        raise PluginError(f"mkdocs.yml's {STUDIES_SECTION} section lacks {', '.join(missing)}: give each a title there")
     return config
+
+
+def unlisted_studies(root: Path, nav: list) -> list[str]:
+    """The studies/<study>/README.md files that the nav's Studies section does not list."""
+    section = next((item[STUDIES_SECTION] for item in nav if isinstance(item, dict) and STUDIES_SECTION in item), [])
+    listed = {path for entry in section for path in (entry.values() if isinstance(entry, dict) else [entry])}
+    return [p.relative_to(root).as_posix() for p in sorted(root.glob("studies/*/README.md"))
+            if p.relative_to(root).as_posix() not in listed]
 
 
 def on_files(files, config):
