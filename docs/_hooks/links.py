@@ -6,11 +6,14 @@ relative paths out of docs/ (``../studies/longer-preset/README.md``), and studie
 pages under ``studies/...`` and ``benchmarks/...``, and rewrites every relative inline link
 (``[text](path)``, ``![alt](path)``) of every page to its target's path in the site, or, where the
 target is not in the site (code, configs, data, folders), to the file on GitHub. Links that resolve to
-nothing are left as written, for ``mkdocs build --strict`` to report. tests/test_docs_site.py checks it.
+nothing are left as written, for ``mkdocs build --strict`` to report. A page cited as plain text by its path in
+the repository (``see docs/math.md#worked-example``, as the code and the generated reports cite pages) becomes a
+link to it first (:func:`mention_links`). tests/test_docs_site.py checks it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -29,6 +32,9 @@ STUDIES_SECTION = "Studies"  # mkdocs.yml's nav section that lists each study's 
 TOKEN = re.compile(r"(?P<code>(`+).*?(?<!`)\2(?!`))|(?<=\]\()(?P<target>[^)\s]+)")
 FENCE = re.compile(r"\s*(```|~~~)")
 URL = re.compile(r"[A-Za-z][\w+.-]*:")  # https:, mailto:, ...
+# Inline code or a link (left as they are), or a page of the site named by its path from the repository's root.
+MENTION = re.compile(r"(?P<code>(`+).*?(?<!`)\2(?!`))|(?P<link>!?\[[^\]]*\]\([^)]*\))"
+                     r"|(?<![\w/\[])(?P<path>(?:docs|studies|benchmarks)/[\w./+-]*\.md)(?P<anchor>#[\w-]+)?")
 
 
 def root_of(config) -> Path:
@@ -68,7 +74,47 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     site = {os.path.normpath(f.abs_src_path): f.src_uri for f in files if f.abs_src_path and f.inclusion.is_included()}
-    return rewrite_links(markdown, page.file.abs_src_path, page.file.src_uri, site, str(root_of(config)), config.repo_url)
+    root = str(root_of(config))
+    markdown = mention_links(markdown, page.file.abs_src_path, root)
+    return rewrite_links(markdown, page.file.abs_src_path, page.file.src_uri, site, root, config.repo_url)
+
+
+@functools.cache
+def anchors(path: str) -> frozenset[str]:
+    """The anchors of the Markdown file's headings outside code blocks, as GitHub and mkdocs.yml's toc make them
+    (lower case, punctuation but '-' and '_' dropped, each space a '-'; a repeated heading numbered)."""
+    out, seen, fenced = set(), {}, False
+    for line in Path(path).read_text().splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.+)", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading[1]).replace("`", "").strip().lower()
+            base = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+            out.add(base if base not in seen else f"{base}-{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+        out.update(re.findall(r'<a id="([^"]+)"', line))
+    return frozenset(out)
+
+
+def mention_links(markdown: str, source: str, root: str) -> str:
+    """``markdown`` of the page read from ``source`` with each plain-text mention of a page by its path from the
+    repository's ``root`` (``docs/math.md#worked-example``, ``studies/s/README.md``) made a link to it, relative to
+    the page, its text the path as written. Code, links, and mentions of a file or heading that does not exist (a
+    study's record of a section since moved) are left alone."""
+    def link(m: re.Match) -> str:
+        path = os.path.join(root, m["path"] or "")
+        if not m["path"] or not os.path.isfile(path) or (m["anchor"] and m["anchor"][1:] not in anchors(path)):
+            return m[0]
+        target = os.path.relpath(os.path.join(root, m["path"]), os.path.dirname(source)).replace(os.sep, "/")
+        return f"[{m['path']}{m['anchor'] or ''}]({target}{m['anchor'] or ''})"
+    lines, fenced = markdown.split("\n"), False
+    for i, line in enumerate(lines):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines[i] = MENTION.sub(link, line)
+    return "\n".join(lines)
 
 
 def rewrite_links(markdown: str, source: str, src_uri: str, site: dict[str, str], root: str, repo_url: str) -> str:
