@@ -3,7 +3,7 @@
 The same Markdown is read on GitHub, so docs/ pages link to the lab notebook and the benchmarks with
 relative paths out of docs/ (``../studies/longer-preset/README.md``), and studies pages link back
 (``../../docs/training.md``). This hook publishes studies/ and benchmarks/ (Markdown and figures) as
-pages under ``studies/...`` and ``benchmarks/...``, and rewrites every relative inline link
+pages under ``studies/...`` and ``benchmarks/...`` (and CHANGELOG.md), and rewrites every relative inline link
 (``[text](path)``, ``![alt](path)``) of every page to its target's path in the site, or, where the
 target is not in the site (code, configs, data, folders), to the file on GitHub. Links that resolve to
 nothing are left as written, for ``mkdocs build --strict`` to report. A page cited as plain text by its path in
@@ -22,8 +22,8 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
-# The repository's trees published beside docs/, and the files of them that become part of the site.
-INCLUDED = ("studies/**/*", "benchmarks/*")
+# The repository's trees (and files) published beside docs/, and the files of them that become part of the site.
+INCLUDED = ("studies/**/*", "benchmarks/*", "CHANGELOG.md")
 SITE_SUFFIXES = (".md", ".png")
 STUDIES_SECTION = "Studies"  # mkdocs.yml's nav section that lists each study's README.md
 

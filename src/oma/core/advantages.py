@@ -217,7 +217,7 @@ def outcome_advantages(
     Returns:
         A, shape [R], dtype of ``scores`` (computed in float64).
 
-    Reference: Zhang et al., Outcome-Mass Alignment, arXiv 2611.16816.
+    Reference: Zhang et al., Outcome-Mass Alignment, [arXiv 2611.16816](https://arxiv.org/abs/2611.16816).
     """
     check_option("accounting", accounting, ACCOUNTINGS)
     check_option("estimator", estimator, ESTIMATORS)

@@ -131,7 +131,7 @@ def token_weights(
         mass: see :data:`Mass`.
         loss_scale_factor: L_norm of ``seq-mean-token-sum-norm``; None = padded length L (verl).
 
-    Reference: Zhang et al., Outcome-Mass Alignment, arXiv 2611.16816.
+    Reference: Zhang et al., Outcome-Mass Alignment, [arXiv 2611.16816](https://arxiv.org/abs/2611.16816).
     """
     structure = _validate(response_mask, group_index, traj_index, reducer, mass, loss_scale_factor)
     m = response_mask.to(torch.float64)
