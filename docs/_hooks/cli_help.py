@@ -1,8 +1,9 @@
 """mkdocs hook: docs/reference/cli.md shows each command's real ``--help``, generated at build time.
 
 The page holds the line ``<!-- oma commands -->``; this hook replaces it with one section per command of
-``oma.cli.COMMANDS``: its one-line help, the text ``oma <command> --help`` prints, and the mkdocstrings
-directive of its module (docstring and ``main``). A new subcommand appears on the page without an edit.
+``oma.cli.COMMANDS``: its one-line help, the text ``oma <command> --help`` prints, and its module's docstring
+(mkdocstrings; its ``main`` is the same for every command, so it is left out). A new subcommand appears on the
+page without an edit.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def commands_markdown() -> str:
             f"## `oma {name}`\n\n{summary[0].upper()}{summary[1:]}.\n\n"
             f"```text\n{help_text([name, '--help'])}\n```\n\n"
             f"::: {module}\n    options:\n      show_root_heading: false\n      show_root_toc_entry: false\n"
-            "      heading_level: 3\n      members: [main]\n      show_if_no_docstring: true\n"
+            "      heading_level: 3\n      members: false\n"
         )
     return "\n".join(sections)
 

@@ -3,23 +3,27 @@
 The same Markdown is read on GitHub, so docs/ pages link to the lab notebook and the benchmarks with
 relative paths out of docs/ (``../studies/longer-preset/README.md``), and studies pages link back
 (``../../docs/training.md``). This hook publishes studies/ and benchmarks/ (Markdown and figures) as
-pages under ``studies/...`` and ``benchmarks/...``, and rewrites every relative inline link
+pages under ``studies/...`` and ``benchmarks/...`` (and CHANGELOG.md), and rewrites every relative inline link
 (``[text](path)``, ``![alt](path)``) of every page to its target's path in the site, or, where the
 target is not in the site (code, configs, data, folders), to the file on GitHub. Links that resolve to
-nothing are left as written, for ``mkdocs build --strict`` to report. tests/test_docs_site.py checks it.
+nothing are left as written, for ``mkdocs build --strict`` to report. A page cited as plain text by its path in
+the repository (``see docs/math.md#worked-example``, as the code and the generated reports cite pages) becomes a
+link to it first (:func:`mention_links`). tests/test_docs_site.py checks it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
 from pathlib import Path
 
+from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
-# The repository's trees published beside docs/, and the files of them that become part of the site.
-INCLUDED = ("studies/**/*", "benchmarks/*")
+# The repository's trees (and files) published beside docs/, and the files of them that become part of the site.
+INCLUDED = ("studies/**/*", "benchmarks/*", "CHANGELOG.md")
 SITE_SUFFIXES = (".md", ".png")
 STUDIES_SECTION = "Studies"  # mkdocs.yml's nav section that lists each study's README.md
 
@@ -28,6 +32,9 @@ STUDIES_SECTION = "Studies"  # mkdocs.yml's nav section that lists each study's 
 TOKEN = re.compile(r"(?P<code>(`+).*?(?<!`)\2(?!`))|(?<=\]\()(?P<target>[^)\s]+)")
 FENCE = re.compile(r"\s*(```|~~~)")
 URL = re.compile(r"[A-Za-z][\w+.-]*:")  # https:, mailto:, ...
+# Inline code or a link (left as they are), or a page of the site named by its path from the repository's root.
+MENTION = re.compile(r"(?P<code>(`+).*?(?<!`)\2(?!`))|(?P<link>!?\[[^\]]*\]\([^)]*\))"
+                     r"|(?<![\w/\[])(?P<path>(?:docs|studies|benchmarks)/[\w./+-]*\.md)(?P<anchor>#[\w-]+)?")
 
 
 def root_of(config) -> Path:
@@ -39,14 +46,20 @@ def included(root: Path) -> list[Path]:
 
 
 def on_config(config):
-    root = root_of(config)
-    # Each study under its folder's name: the README's title is its whole question, too long for the nav.
-    readmes = [{p.parent.name.replace("-", " ").capitalize(): p.relative_to(root).as_posix()}
-               for p in sorted(root.glob("studies/*/README.md"))]
-    for item in config.nav or []:
-        if isinstance(item, dict) and STUDIES_SECTION in item:
-            item[STUDIES_SECTION] += readmes
+    """mkdocs.yml's Studies section gives each study a short title (its README's title is its whole question, too
+    long for the nav) in the order of studies/README.md; a study it leaves out fails the build."""
+    missing = unlisted_studies(root_of(config), config.nav or [])
+    if missing:
+        raise PluginError(f"mkdocs.yml's {STUDIES_SECTION} section lacks {', '.join(missing)}: give each a title there")
     return config
+
+
+def unlisted_studies(root: Path, nav: list) -> list[str]:
+    """The studies/<study>/README.md files that the nav's Studies section does not list."""
+    section = next((item[STUDIES_SECTION] for item in nav if isinstance(item, dict) and STUDIES_SECTION in item), [])
+    listed = {path for entry in section for path in (entry.values() if isinstance(entry, dict) else [entry])}
+    return [p.relative_to(root).as_posix() for p in sorted(root.glob("studies/*/README.md"))
+            if p.relative_to(root).as_posix() not in listed]
 
 
 def on_files(files, config):
@@ -61,7 +74,47 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     site = {os.path.normpath(f.abs_src_path): f.src_uri for f in files if f.abs_src_path and f.inclusion.is_included()}
-    return rewrite_links(markdown, page.file.abs_src_path, page.file.src_uri, site, str(root_of(config)), config.repo_url)
+    root = str(root_of(config))
+    markdown = mention_links(markdown, page.file.abs_src_path, root)
+    return rewrite_links(markdown, page.file.abs_src_path, page.file.src_uri, site, root, config.repo_url)
+
+
+@functools.cache
+def anchors(path: str) -> frozenset[str]:
+    """The anchors of the Markdown file's headings outside code blocks, as GitHub and mkdocs.yml's toc make them
+    (lower case, punctuation but '-' and '_' dropped, each space a '-'; a repeated heading numbered)."""
+    out, seen, fenced = set(), {}, False
+    for line in Path(path).read_text().splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.+)", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading[1]).replace("`", "").strip().lower()
+            base = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+            out.add(base if base not in seen else f"{base}-{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+        out.update(re.findall(r'<a id="([^"]+)"', line))
+    return frozenset(out)
+
+
+def mention_links(markdown: str, source: str, root: str) -> str:
+    """``markdown`` of the page read from ``source`` with each plain-text mention of a page by its path from the
+    repository's ``root`` (``docs/math.md#worked-example``, ``studies/s/README.md``) made a link to it, relative to
+    the page, its text the path as written. Code, links, and mentions of a file or heading that does not exist (a
+    study's record of a section since moved) are left alone."""
+    def link(m: re.Match) -> str:
+        path = os.path.join(root, m["path"] or "")
+        if not m["path"] or not os.path.isfile(path) or (m["anchor"] and m["anchor"][1:] not in anchors(path)):
+            return m[0]
+        target = os.path.relpath(os.path.join(root, m["path"]), os.path.dirname(source)).replace(os.sep, "/")
+        return f"[{m['path']}{m['anchor'] or ''}]({target}{m['anchor'] or ''})"
+    lines, fenced = markdown.split("\n"), False
+    for i, line in enumerate(lines):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines[i] = MENTION.sub(link, line)
+    return "\n".join(lines)
 
 
 def rewrite_links(markdown: str, source: str, src_uri: str, site: dict[str, str], root: str, repo_url: str) -> str:

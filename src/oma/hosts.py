@@ -8,8 +8,8 @@ framework's config into :class:`HostOptions`; then it calls :func:`align` and ha
 to its framework. The math is :mod:`oma.core`'s; nothing here is host-specific.
 
 * :func:`advantages`: A [R] under ``accounting`` (OA) and ``estimator``, with the trajectory outcome
-  rule ``outcome`` (``mean`` of a trajectory's rows' scores, oma.core's R_τ; or its ``final`` row's).
-* :func:`weights`: W [R, L] float64 with loss = Σ W·ℓ. ``mass=native``: each mini-batch's own
+  rule ``outcome`` (``mean`` of a trajectory's rows' scores, oma.core's $R_τ$; or its ``final`` row's).
+* :func:`weights`: W [R, L] float64 with $\text{loss} = Σ Wℓ$. ``mass=native``: each mini-batch's own
   normaliser (the host's ``loss_agg_mode`` per optimizer step). ``uniform`` / ``group``: over the
   whole step, times the number of mini-batches k, so each trajectory gets its share of the step's
   objective whatever mini-batches and ranks its rows fall in, and an optimizer step carries 1 on
@@ -38,7 +38,7 @@ ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "gigpo")
 GiGPO's episode + step terms (:func:`oma.core.gigpo_advantages`)."""
 
 OUTCOMES: tuple[str, ...] = ("mean", "final")
-"""A trajectory's outcome R_τ: the ``mean`` of its rows' scores (oma.core's rule; they agree when the host
+"""A trajectory's outcome $R_τ$: the ``mean`` of its rows' scores (oma.core's rule; they agree when the host
 stamps the episode's reward on every row) or the score of its ``final`` row (verl's: the reward on the last
 turn)."""
 

@@ -1,10 +1,10 @@
 r"""Outcome statistics and episode-level advantages, with Outcome Alignment (OA).
 
 Stepwise agent RL (verl-agent, ROLL, SkyRL step-wise, rLLM) trains on one *row* per agent step, so
-a trajectory τ of K_τ steps contributes K_τ rows, each stamped with the episode outcome R_τ.
-Group statistics over rows count each outcome K_τ times ("row" accounting, verl's default).
+a trajectory $τ$ of $K_τ$ steps contributes $K_τ$ rows, each stamped with the episode outcome $R_τ$.
+Group statistics over rows count each outcome $K_τ$ times ("row" accounting, verl's default).
 Outcome Alignment computes them over unique trajectories instead ("trajectory" accounting).
-Reference: Zhang et al., "Outcome-Mass Alignment", arXiv 2611.16816 (2026); docs/math.md#outcome-statistics-and-advantages-outcome-alignment.
+Reference: Zhang et al., "Outcome-Mass Alignment", [arXiv 2611.16816](https://arxiv.org/abs/2611.16816) (2026); docs/math.md#outcome-statistics-and-advantages-outcome-alignment.
 
 Conventions (docs/math.md#outcome-statistics-and-advantages-outcome-alignment): std is unbiased (Bessel); a group with a single member (row or
 trajectory, per accounting) or with zero spread gives advantage exactly 0.
@@ -24,20 +24,20 @@ from oma.core.segments import BatchStructure, SegmentStats, batch_structure, seg
 Accounting = Literal["row", "trajectory"]
 """How group outcome statistics count members.
 
-* ``"row"``: every row is a member, so trajectory τ's outcome is counted K_τ times. This is what
+* ``"row"``: every row is a member, so trajectory $τ$'s outcome is counted $K_τ$ times. This is what
   verl's ``compute_grpo_outcome_advantage`` and verl-agent (``compute_mean_std_cross_steps=True``)
-  compute. Bias: long trajectories pull μ_g and σ_g toward their outcome.
+  compute. Bias: long trajectories pull $μ_g$ and $σ_g$ toward their outcome.
 * ``"trajectory"``: Outcome Alignment — every unique trajectory is one member with outcome
-  R_τ = mean of its rows' scores. Unbiased by expansion length.
+  $R_τ$ = the mean of its rows' scores. Unbiased by expansion length.
 """
 
 Estimator = Literal["grpo", "rloo"]
 """Group-relative outcome estimator.
 
-* ``"grpo"``: A = (R − μ_g)/(σ_g + ε) (Shao et al. 2024, DeepSeekMath); with ``norm_by_std=False``
-  A = R − μ_g (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783), which drops the std's
+* ``"grpo"``: $A = (R − μ_g)/(σ_g + ε)$ (Shao et al. 2024, DeepSeekMath); with ``norm_by_std=False``
+  $A = R − μ_g$ (Dr. GRPO, Liu et al. 2025, arXiv 2503.20783), which drops the std's
   difficulty-dependent scaling.
-* ``"rloo"``: A = R − mean of the *other* members (Ahmadian et al. 2024, arXiv 2402.14740);
+* ``"rloo"``: $A = R −$ the mean of the *other* members (Ahmadian et al. 2024, arXiv 2402.14740);
   unbiased leave-one-out baseline, never divided by a std (``norm_by_std`` does not apply).
 """
 
@@ -51,8 +51,8 @@ class GroupOutcomeStats:
 
     Attributes:
         group_ids: distinct group ids, sorted, [G].
-        mean: μ_g, float64 [G].
-        std: σ_g (unbiased; 0 for single-member groups), float64 [G].
+        mean: $μ_g$, float64 [G].
+        std: $σ_g$ (unbiased; 0 for single-member groups), float64 [G].
         members: rows (``"row"``) or trajectories (``"trajectory"``) per group, int64 [G].
         zero_spread: all members of the group have the same outcome, bool [G].
         accounting: which accounting produced these.
@@ -152,10 +152,10 @@ def group_outcome_stats(
     accounting: Accounting = "trajectory",
     structure: BatchStructure | None = None,
 ) -> GroupOutcomeStats:
-    """μ_g, σ_g and member counts of every group under ``accounting`` (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
+    """$μ_g$, $σ_g$ and member counts of every group under ``accounting`` (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
-    row accounting:        μ_g = Σ_{r∈g} s_r / |rows of g|,   σ_g = std over rows of g.
-    trajectory accounting: μ_g = Σ_{τ∈𝒯_g} R_τ / |𝒯_g|,       σ_g = std over trajectories of g.
+    * row accounting: $μ_g = Σ_{r∈g} s_r / n_g$ over the $n_g$ rows of $g$, $σ_g$ = std over those rows.
+    * trajectory accounting: $μ_g = Σ_{τ∈𝒯_g} R_τ / |𝒯_g|$ over the trajectories $𝒯_g$ of $g$, $σ_g$ = std over them.
 
     The two coincide when every trajectory of g has the same number of rows (docs/math.md#invariances (4)).
     ``structure``: the batch's :func:`~oma.core.batch_structure`, when the caller already has it.
@@ -188,10 +188,10 @@ def outcome_advantages(
 ) -> Tensor:
     r"""Episode-level group-relative advantage of every row, A[R] (docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
-    With μ_g, σ_g from :func:`group_outcome_stats` under ``accounting``:
+    With $μ_g$, $σ_g$ from :func:`group_outcome_stats` under ``accounting``:
 
-    * ``grpo``: A = (s − μ_g)/(σ_g + ε), or A = s − μ_g with ``norm_by_std=False`` (Dr. GRPO).
-    * ``rloo``: A = s − mean of the other members of g (Ahmadian et al. 2024).
+    * ``grpo``: $A = (s − μ_g)/(σ_g + ε)$, or $A = s − μ_g$ with ``norm_by_std=False`` (Dr. GRPO).
+    * ``rloo``: $A = s −$ the mean of the other members of $g$ (Ahmadian et al. 2024).
 
     Under ``"row"`` accounting s is the row's own score s_r (exactly what verl computes, member by
     member). Under ``"trajectory"`` accounting (OA) s is the trajectory outcome R_τ = mean of its
@@ -217,7 +217,7 @@ def outcome_advantages(
     Returns:
         A, shape [R], dtype of ``scores`` (computed in float64).
 
-    Reference: Zhang et al., Outcome-Mass Alignment, arXiv 2611.16816.
+    Reference: Zhang et al., Outcome-Mass Alignment, [arXiv 2611.16816](https://arxiv.org/abs/2611.16816).
     """
     check_option("accounting", accounting, ACCOUNTINGS)
     check_option("estimator", estimator, ESTIMATORS)
@@ -238,13 +238,13 @@ def _episode_advantages(
 
 
 def discounted_returns(step_rewards: Tensor, traj_index: Tensor, step_index: Tensor, *, gamma: float = 0.95) -> Tensor:
-    r"""Per-row discounted return within its trajectory, G_{τ,k} = Σ_{j≥k} γ^{j−k} r_{τ,j}.
+    r"""Per-row discounted return within its trajectory, $G_{τ,k} = Σ_{j≥k} γ^{j−k} r_{τ,j}$.
 
     Steps are ordered by ``step_index`` inside each trajectory (ids need not be contiguous: a
     trajectory with steps {0, 2, 5} is the sequence of those three rows). A repeated
     (traj_index, step_index) pair is ambiguous and raises.
 
-    Vectorised as a pointer-jumping scan over the linear recurrence G_k = r_k + γ·G_{k+1}:
+    Vectorised as a pointer-jumping scan over the linear recurrence $G_k = r_k + γ G_{k+1}$:
     ⌈log2 K_max⌉ rounds of O(R) gathers, no loop over rows or trajectories, exact in float64.
 
     Returns: float64 [R] in the original row order.
@@ -301,21 +301,21 @@ def gigpo_advantages(
     eps: float = 1e-6,
     structure: BatchStructure | None = None,
 ) -> Tensor:
-    r"""GiGPO advantage A_r = A^E_τ + ω·A^S_r (Feng et al. 2025, arXiv 2505.10978; docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
+    r"""GiGPO advantage $A_r = A^E_τ + ω A^S_r$ (Feng et al. 2025, arXiv 2505.10978; docs/math.md#outcome-statistics-and-advantages-outcome-alignment).
 
-    * A^E_τ: the episode term, :func:`outcome_advantages` with ``estimator="grpo"``; Outcome
+    * $A^E_τ$: the episode term, :func:`outcome_advantages` with ``estimator="grpo"``; Outcome
       Alignment applies here through ``accounting``.
-    * A^S_r: the step term, left native. Rows of group g that acted in the same environment state
-      (same ``anchor``) form an anchor group; with G_r the discounted return of row r inside its
-      trajectory (:func:`discounted_returns`), A^S_r = (G_r − mean)/(std + ε) over the anchor group,
-      or G_r − mean with ``norm_by_std=False``. Single-member or zero-spread anchor groups give 0.
+    * $A^S_r$: the step term, left native. Rows of group g that acted in the same environment state
+      (same ``anchor``) form an anchor group; with $G_r$ the discounted return of row $r$ inside its
+      trajectory (:func:`discounted_returns`), $A^S_r = (G_r − \text{mean})/(\text{std} + ε)$ over the anchor group,
+      or $G_r −$ mean with ``norm_by_std=False``. Single-member or zero-spread anchor groups give 0.
 
     Special cases: ``step_advantage_w=0`` gives exactly the ``grpo`` episode advantage; with one
     step per trajectory every anchor group holds rows of distinct trajectories of one group.
 
     Args:
         scores: float [R], episode outcome on each row.
-        step_rewards: float [R], the row's own step reward r_{τ,k}.
+        step_rewards: float [R], the row's own step reward $r_{τ,k}$.
         anchor: integer [R], id of the state the row acted in (see :func:`oma.core.anchor_ids`).
         group_index: as in :func:`outcome_advantages`.
         traj_index: as in :func:`outcome_advantages`.

@@ -16,16 +16,16 @@ from torch import Tensor
 from oma.core.validate import check_finite_where, check_float, check_mask, check_option, check_same_device
 
 Objective = Literal["ppo", "gspo"]
-"""Token objective.
+r"""Token objective.
 
 * ``"ppo"``: PPO-clip with asymmetric ("clip-higher") bounds (Schulman et al. 2017; DAPO, Yu et al.
-  2025, arXiv 2503.14476), as GRPO uses it: ℓ = −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)·A) with
-  token ratio ρ = exp(logp − logp_old). Bias: long responses' many tokens each carry a ratio,
+  2025, arXiv 2503.14476), as GRPO uses it: $ℓ = −\min(ρA, \operatorname{clip}(ρ, 1−ε_\text{low}, 1+ε_\text{high})A)$ with
+  token ratio $ρ = \exp(\log p − \log p_\text{old})$. Bias: long responses' many tokens each carry a ratio,
   so clipping acts token by token.
 * ``"gspo"``: GSPO-token (Zheng et al. 2025, arXiv 2507.18071): one sequence ratio per row,
-  s_r = exp(mean_t(logp − logp_old)), used at every token as ρ̃ = sg(s_r)·exp(logp − sg(logp)),
+  $s_r = \exp(\operatorname{mean}_t(\log p − \log p_\text{old}))$, used at every token as $\tilde ρ = \operatorname{sg}(s_r)\exp(\log p − \operatorname{sg}(\log p))$,
   so the value is sequence-level while each token keeps its own gradient path. The GSPO paper
-  uses much tighter clip bounds (ε ≈ 3e-4 / 4e-4) than PPO.
+  uses much tighter clip bounds ($ε ≈$ 3e-4 / 4e-4) than PPO.
 """
 
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
@@ -65,17 +65,18 @@ def token_objective(
 ) -> Tensor:
     r"""Per-token policy loss ℓ[R, L] (to be minimised), docs/math.md#token-objectives-unchanged-by-oma.
 
-    ``ppo``:  ρ = exp(logp − logp_old),        ℓ = −min(ρA, clip(ρ, 1−ε_low, 1+ε_high)·A).
-    ``gspo``: s_r = exp(mean_{t valid}(logp − logp_old)),  ρ̃ = sg(s_r)·exp(logp − sg(logp)),
-              ℓ = −min(ρ̃A, clip(ρ̃, 1−ε_low, 1+ε_high)·A).
+    * ``ppo``: $ρ = \exp(\log p − \log p_\text{old})$, $ℓ = −\min(ρA, \operatorname{clip}(ρ, 1−ε_\text{low}, 1+ε_\text{high})A)$.
+    * ``gspo``: $s_r = \exp(\operatorname{mean}_{t\ \text{valid}}(\log p − \log p_\text{old}))$,
+      $\tilde ρ = \operatorname{sg}(s_r)\exp(\log p − \operatorname{sg}(\log p))$,
+      $ℓ = −\min(\tilde ρ A, \operatorname{clip}(\tilde ρ, 1−ε_\text{low}, 1+ε_\text{high})A)$.
 
     Optional dual clip (Ye et al. 2020, arXiv 1912.09729; verl's ``clip_ratio_c``, default 3 there):
-    for A < 0, ℓ = min(ℓ, −c·A), bounding the loss of very large ratios.
+    for $A < 0$, $ℓ = \min(ℓ, −cA)$, bounding the loss of very large ratios.
 
-    Special cases: a row with one valid token has s_r = ρ, so ``gspo`` equals ``ppo`` in value
+    Special cases: a row with one valid token has $s_r = ρ$, so ``gspo`` equals ``ppo`` in value
     and gradient; with ``clip_ratio_c=3.0`` this equals verl's ``compute_policy_loss_vanilla`` /
-    ``compute_policy_loss_gspo`` loss matrix. ℓ is positively homogeneous in A: ℓ(wA) = w·ℓ(A) for
-    w > 0, which is what lets Mass Alignment ride on the advantage inside verl.
+    ``compute_policy_loss_gspo`` loss matrix. $ℓ$ is positively homogeneous in $A$: $ℓ(wA) = w\,ℓ(A)$ for
+    $w > 0$, which is what lets Mass Alignment ride on the advantage inside verl.
 
     Args:
         logp: float [R, L], log-probs of the taken tokens under the current policy.
@@ -163,7 +164,7 @@ def kl_k3(logp: Tensor, logp_ref: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def token_entropy(logits: Tensor, response_mask: Tensor) -> Tensor:
-    r"""Per-token entropy H = −Σ_v p_v log p_v of the policy's next-token distribution.
+    r"""Per-token entropy $H = −Σ_v p_v \log p_v$ of the policy's next-token distribution.
 
     Args: logits float [R, L, V]; response_mask bool [R, L]. Returns float [R, L], 0 at masked
     tokens. An entropy *bonus* enters the loss as −coef·H, aggregated with the policy weights.

@@ -1,12 +1,12 @@
 r"""Reducers as per-token weights, implicit trajectory mass, and Mass Alignment (MA). docs/math.md#mass-alignment.
 
 Every reducer that turns ℓ[R, L] into a scalar is linear in ℓ, so it *is* a weight tensor:
-loss = Σ_{r,l} W[r, l]·ℓ[r, l]. Writing it that way makes each trajectory's share of the objective
+$\text{loss} = Σ_{r,l} W_{r,l}\, ℓ_{r,l}$. Writing it that way makes each trajectory's share of the objective
 visible (:func:`implicit_mass`) and makes exact micro-batching trivial: W is computed once on the
 mini-batch, and any split of its rows sums to the same loss and gradient.
 
-Mass Alignment keeps the native reducer *inside* each trajectory, J_τ = reducer(τ's rows alone),
-and sets loss = Σ_τ w_τ·J_τ with an explicit mass target w_τ.
+Mass Alignment keeps the native reducer *inside* each trajectory, $J_τ$ = the reducer on $τ$'s rows alone,
+and sets $\text{loss} = Σ_τ w_τ J_τ$ with an explicit mass target $w_τ$.
 """
 
 from __future__ import annotations
@@ -20,28 +20,28 @@ from oma.core.validate import check_float, check_mask, check_option, check_posit
 from oma.core.segments import BatchStructure, batch_structure, segment_sum
 
 Reducer = Literal["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-"""Native loss aggregation, named and computed as verl's ``agg_loss(loss_agg_mode=...)`` (single process).
+r"""Native loss aggregation, named and computed as verl's ``agg_loss(loss_agg_mode=...)`` (single process).
 
-With m the mask, n_r = Σ_l m[r, l] the row's valid tokens, M_B = Σ n_r, R' the rows with n_r > 0:
+With $m$ the mask, $n_r = Σ_l m_{r,l}$ the row's valid tokens, $M_B = Σ_r n_r$, $R'$ the rows with $n_r > 0$:
 
-* ``"token-mean"``: Σ mℓ / M_B (DAPO, arXiv 2503.14476). Implicit mass of τ: M_τ/M_B, ∝ tokens —
+* ``"token-mean"``: $Σ mℓ / M_B$ (DAPO, arXiv 2503.14476). Implicit mass of $τ$: $M_τ/M_B$, ∝ tokens —
   long trajectories dominate.
-* ``"token-sum"``: Σ mℓ. Mass ∝ tokens, and the scale grows with the batch.
-* ``"seq-mean-token-mean"``: (1/R') Σ_r Σ_l mℓ/n_r (original GRPO, arXiv 2402.03300). Mass K_τ/R',
+* ``"token-sum"``: $Σ mℓ$. Mass ∝ tokens, and the scale grows with the batch.
+* ``"seq-mean-token-mean"``: $(1/R') Σ_r Σ_l mℓ/n_r$ (original GRPO, arXiv 2402.03300). Mass $K_τ/R'$,
   ∝ rows; inside a row, short responses' tokens weigh more (the length bias Dr. GRPO names).
-* ``"seq-mean-token-sum"``: (1/R') Σ_r Σ_l mℓ. Mass ∝ tokens.
-* ``"seq-mean-token-sum-norm"``: (1/R') Σ_r Σ_l mℓ / L_norm (Dr. GRPO, arXiv 2503.20783), L_norm the
-  padded length L unless ``loss_scale_factor`` fixes it. Mass ∝ tokens. With the default L_norm
+* ``"seq-mean-token-sum"``: $(1/R') Σ_r Σ_l mℓ$. Mass ∝ tokens.
+* ``"seq-mean-token-sum-norm"``: $(1/R') Σ_r Σ_l mℓ / L_\text{norm}$ (Dr. GRPO, arXiv 2503.20783), $L_\text{norm}$ the
+  padded length L unless ``loss_scale_factor`` fixes it. Mass ∝ tokens. With the default $L_\text{norm}$
   the loss depends on padding (as in verl); pass a constant to make it padding-invariant.
 """
 
 Mass = Literal["native", "uniform", "group"]
-"""Trajectory mass target w_τ of Mass Alignment (over trajectories with ≥1 trainable token).
+r"""Trajectory mass target $w_τ$ of Mass Alignment (over trajectories with ≥1 trainable token).
 
 * ``"native"``: no alignment: the reducer over the whole batch, with its implicit mass
   (∝ tokens or rows, so trajectories that expand more weigh more: the bias OMA removes).
-* ``"uniform"``: w_τ = 1/T, every trajectory the same mass (OMA default).
-* ``"group"``: w_τ = 1/(G·|𝒯_g|), every group the same mass, split equally among its
+* ``"uniform"``: $w_τ = 1/T$, every trajectory the same mass (OMA default).
+* ``"group"``: $w_τ = 1/(G\,|𝒯_g|)$, every group the same mass, split equally among its
   trajectories; differs from uniform only when groups differ in size (e.g. after filtering).
 """
 
@@ -104,15 +104,15 @@ def token_weights(
     mass: Mass = "uniform",
     loss_scale_factor: float | None = None,
 ) -> Tensor:
-    r"""Per-token weights W[R, L] with loss = Σ W·ℓ (float64). docs/math.md#mass-alignment.
+    r"""Per-token weights W[R, L] with $\text{loss} = Σ Wℓ$ (float64). docs/math.md#mass-alignment.
 
-    Each reducer is u_r·m[r, l] / D: u_r the within-row factor (1/n_r for seq-mean-token-mean,
-    1/L_norm for seq-mean-token-sum-norm, else 1), D the reducer's normaliser (M tokens for
-    token-mean, R' rows for seq-mean-*, 1 for token-sum).
+    Each reducer is $u_r m_{r,l} / D$: $u_r$ the within-row factor ($1/n_r$ for seq-mean-token-mean,
+    $1/L_\text{norm}$ for seq-mean-token-sum-norm, else 1), $D$ the reducer's normaliser ($M$ tokens for
+    token-mean, $R'$ rows for seq-mean-*, 1 for token-sum).
 
-    * ``mass="native"``: D over the whole batch: W = u_r·m / D_B, exactly verl's ``agg_loss``.
-    * aligned (``"uniform"``/``"group"``): D over τ alone, scaled by the target,
-      W = w_τ·u_r·m / D_τ, so loss = Σ_τ w_τ·J_τ with J_τ the native reducer on τ's rows.
+    * ``mass="native"``: $D$ over the whole batch: $W = u_r m / D_B$, exactly verl's ``agg_loss``.
+    * aligned (``"uniform"``/``"group"``): $D$ over $τ$ alone, scaled by the target,
+      $W = w_τ u_r m / D_τ$, so $\text{loss} = Σ_τ w_τ J_τ$ with $J_τ$ the native reducer on $τ$'s rows.
 
     Special cases: with equal rows and tokens per trajectory, aligned = native for the mean
     reducers (docs/math.md#invariances (4)). Rows with no trainable token get weight 0 and never a division by
@@ -131,7 +131,7 @@ def token_weights(
         mass: see :data:`Mass`.
         loss_scale_factor: L_norm of ``seq-mean-token-sum-norm``; None = padded length L (verl).
 
-    Reference: Zhang et al., Outcome-Mass Alignment, arXiv 2611.16816.
+    Reference: Zhang et al., Outcome-Mass Alignment, [arXiv 2611.16816](https://arxiv.org/abs/2611.16816).
     """
     structure = _validate(response_mask, group_index, traj_index, reducer, mass, loss_scale_factor)
     m = response_mask.to(torch.float64)
@@ -149,7 +149,7 @@ def row_coefficients(
     length: int,
     loss_scale_factor: float | None = None,
 ) -> Tensor:
-    r"""The weight c_r every trainable token of row r gets: W[r, l] = m[r, l]·c_r, float64 [R].
+    r"""The weight $c_r$ every trainable token of row $r$ gets: $W_{r,l} = m_{r,l}\, c_r$, float64 [R].
 
     Every reducer weighs a row's tokens alike and sees the mask only through n_r (and, for
     ``seq-mean-token-sum-norm``, the padded length L), so the weights follow from token counts
@@ -183,7 +183,7 @@ def row_coefficients(
 
 
 def weighted_loss(token_loss: Tensor, weights: Tensor) -> Tensor:
-    r"""The scalar loss Σ_{r,l} W[r, l]·ℓ[r, l] — the one place oma makes a scalar.
+    r"""The scalar loss $Σ_{r,l} W_{r,l}\, ℓ_{r,l}$ — the one place oma makes a scalar.
 
     Accumulates in float64 and returns the dtype of ``token_loss``. Positions with W = 0
     (padding, masked tokens) are skipped, so NaN/inf there never reaches the loss or gradient.
@@ -208,13 +208,13 @@ def implicit_mass(
     mass: Mass = "native",
     loss_scale_factor: float | None = None,
 ) -> Tensor:
-    r"""Each trajectory's share of the objective when every token's ℓ is 1: m_τ = Σ_{τ} W / Σ W.
+    r"""Each trajectory's share of the objective when every token's ℓ is 1: $m_τ = Σ_{(r,l)∈τ} W_{r,l} / Σ W$.
 
     float64 [T] in the trajectory order of ``torch.unique(traj_index)``; sums to 1 (all zeros if
     the batch has no trainable token). Under ``"native"`` this is the hidden weighting rule of
-    stepwise training: M_τ/M_B for token-mean, K_τ/R' for seq-mean-token-mean. Under Mass
-    Alignment with a mean reducer it equals the target w_τ; with a sum reducer it is
-    w_τ·J_τ(1)/Σ, J_τ(1) being the sum reducer's own within-trajectory scale (τ's tokens per row for
+    stepwise training: $M_τ/M_B$ for token-mean, $K_τ/R'$ for seq-mean-token-mean. Under Mass
+    Alignment with a mean reducer it equals the target $w_τ$; with a sum reducer it is
+    $w_τ J_τ(1)/Σ_{τ'} w_{τ'} J_{τ'}(1)$, $J_τ(1)$ being the sum reducer's own within-trajectory scale (τ's tokens per row for
     ``seq-mean-token-sum``, its total tokens for ``token-sum``).
     """
     structure = _validate(response_mask, group_index, traj_index, reducer, mass, loss_scale_factor)
