@@ -70,7 +70,7 @@ seeds or p)."""
 NAMES = {"advance": "no-expansion control", "end": "early ends", "end-progress": "early ends, partial credit",
          "stay": "loops", "stay-progress": "loops, partial credit", "reset": "resets", "reset-gigpo": "resets",
          "reset-gspo": "resets"}
-"""Each map setting's one name (docs/glossary.md#the-kinds-of-failure); the estimator is said beside it."""
+"""Each map setting's one name (docs/glossary.md#the-failure-kinds); the estimator is said beside it."""
 ESTIMATOR = {"reset-gigpo": "GiGPO", "reset-gspo": "GSPO-token"}
 """The map's settings run GRPO unless named here."""
 README = ROOT / "README.md"
@@ -390,7 +390,7 @@ def render(c: dict[str, Any]) -> str:
             "there too). Ratio = row+native's rows per failed over per successful trajectory (K fail / K "
             "success), mean over seeds."), "",
            "## The paper's effects and ours", "",
-           ("The paper's rows come first: arXiv 2611.16816, OA+MA against its baseline, all we have of its numbers "
+           ("The paper's rows come first: [arXiv 2611.16816](https://arxiv.org/abs/2611.16816), OA+MA against its baseline, all we have of its numbers "
             "(no CI, seeds or p, so they are not in the Holm family). Ours follow, LM lane first."), ""]
     rows = [[f"the paper: {bench}", measure, OMA, coupling or "n/a", "n/a", delta, "not given", "n/a", "", signed,
              "not given"] for bench, measure, delta, coupling, signed in PAPER]
