@@ -1,4 +1,5 @@
-"""Load a by-hand script of benchmarks/ or studies/tools/ as a module, for the tests of its helpers."""
+"""Load a by-hand script of benchmarks/ or studies/tools/ (or any file that is no package's, such as docs/'s hooks and
+figures) as a module, for the tests of its helpers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ def load(name: str) -> ModuleType:
         if str(folder) not in sys.path:
             sys.path.append(str(folder))
     [path] = [f / f"{name}.py" for f in FOLDERS if (f / f"{name}.py").is_file()]
+    return load_file(path, name)
+
+
+def load_file(path: Path, name: str) -> ModuleType:
+    """The Python file ``path`` as a module named ``name`` (not registered in sys.modules)."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -5,22 +5,19 @@ are the committed run's metrics.jsonl. Each script runs here end to end and writ
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 from audit_cli import audit_json
+from benchmark_scripts import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "_figures"
 
 
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(f"docs_figure_{name}", FIGURES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(FIGURES / f"{name}.py", f"docs_figure_{name}")
 
 
 expansion = script("expansion")

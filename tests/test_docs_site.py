@@ -8,7 +8,6 @@ mkdocs is the ``docs`` extra, which ``make install`` installs: without it these 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -19,6 +18,7 @@ from types import SimpleNamespace
 import griffe
 import pytest
 import yaml
+from benchmark_scripts import load_file
 from mkdocs.exceptions import PluginError
 
 from oma.cli import COMMANDS
@@ -28,10 +28,7 @@ REPO_URL = "https://github.com/oma-rl/oma"
 
 
 def hook(name: str):
-    spec = importlib.util.spec_from_file_location(f"docs_hook_{name}", ROOT / "docs" / "_hooks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(ROOT / "docs" / "_hooks" / f"{name}.py", f"docs_hook_{name}")
 
 
 links = hook("links")
