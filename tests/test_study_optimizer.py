@@ -56,3 +56,9 @@ def test_without_adam_cells_it_is_one_line(tmp_path: Path, capsys) -> None:
     assert _module().main(["--studies", str(studies), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("optimizer.py: error:") and "no Adam cells committed" in err and err.count("\n") == 1
+
+
+def test_the_committed_page_regenerates_byte_for_byte(tmp_path: Path) -> None:
+    assert _module().main(["--out", str(tmp_path)]) == 0
+    for name in ("results.md", "results.json"):
+        assert (tmp_path / name).read_bytes() == (PAGE / name).read_bytes(), f"studies/optimizer/{name} is stale"

@@ -84,7 +84,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         counts = {k: sum(m["reading"] == k for m in mine) for k in ("same sign", "flips", "not resolved")}
         out += [f"## {part}", "",
                 (f"{counts['same sign']} of {len(rows)} cells keep their sign, {counts['flips']} flip, "
-                 f"{counts['not resolved']} are not resolved under one optimizer or both."), "",
+                 f"{counts['not resolved']} {'is' if counts['not resolved'] == 1 else 'are'} not resolved under one optimizer or "
+                 "both."), "",
                 "| cells | cell | normalised SGD | Adam | Adam − SGD | reading |", "|---|---|---|---|---|---|"]
         out += [f"| {r['cells']} | [{r['cell']}](../{r['adam_source']}/report.md) | {_e(m['sgd'])} | {_e(m['adam'])} | "
                 f"{_e(m['adam_minus_sgd'])} | {m['reading']} |" for r, m in zip(rows, mine)]
