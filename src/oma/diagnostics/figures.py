@@ -425,9 +425,10 @@ def verdict(r: AuditReport) -> str:
     if r.successes and r.failures:
         ratio = r.expansion_ratio_fail_over_success
         ks, kf = r.rows_per_traj_success_mean, r.rows_per_traj_failure_mean
-        if ratio >= 1.05:
+        expands = expansion(ratio)
+        if expands == "more":
             parts.append(f"Failures expand {ratio:.1f}x more than successes ({kf:.1f} vs {ks:.1f} rows per trajectory)")
-        elif ratio <= 1 / 1.05:
+        elif expands == "less":
             parts.append(
                 f"Successes expand {1 / ratio:.1f}x more than failures ({ks:.1f} vs {kf:.1f} rows per trajectory)"
             )
@@ -495,9 +496,19 @@ def verdict(r: AuditReport) -> str:
     return " ".join(parts)
 
 
+EQUAL_BAND = 1.05
+"""Failures and successes expand "about equally" when their ratio lies within this factor of 1."""
+
+
+def expansion(ratio: float) -> str:
+    """``more`` (failures expand more), ``less`` or ``equal`` (within :data:`EQUAL_BAND` of 1): the verdict's reading
+    of the ratio, and the section of docs/how-to-choose.md it links."""
+    return "more" if ratio >= EQUAL_BAND else "less" if ratio <= 1 / EQUAL_BAND else "equal"
+
+
 def choose_anchor(r: AuditReport) -> str:
     """The section of docs/how-to-choose.md for this batch's expansion: failures longer, shorter or as long."""
     if not (r.successes and r.failures):
         return "no-ratio-yet"
-    ratio = r.expansion_ratio_fail_over_success
-    return "failures-expand-more" if ratio >= 1.05 else "failures-expand-less" if ratio <= 1 / 1.05 else "no-expansion"
+    return {"more": "failures-expand-more", "less": "failures-expand-less",
+            "equal": "no-expansion"}[expansion(r.expansion_ratio_fail_over_success)]
